@@ -1,0 +1,1 @@
+"""TileLang kernels (optional extra: pip install mindspeed-ops[tilelang])."""

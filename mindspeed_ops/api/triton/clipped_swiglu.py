@@ -1,0 +1,3 @@
+from ...ops.activation import clipped_swiglu
+
+__all__ = ["clipped_swiglu"]

@@ -1,0 +1,222 @@
+"""Backend selection: for an operator and the device of its tensors, which implementation runs.
+
+This is the only module that decides. Families register their implementations here
+(``register``); autograd/custom-op code asks ``implementation(op, device)``.
+
+Order of precedence, first match wins:
+
+1. ``use_backend(name, ops=...)`` context manager (innermost wins);
+2. environment variable ``MINDSPEED_OPS_BACKEND=<name>``;
+3. the default: CPU tensors use ``reference`` (``triton`` when ``TRITON_INTERPRET=1``, which is how
+   CI runs the real kernels without a GPU); CUDA tensors use the highest-priority registered
+   backend that is available and supports the device's arch (``sm80``, ``sm90``, ...), ``triton``
+   unless something faster is registered.
+
+Asking for a backend that is not installed, not built, or cannot run on the device raises
+:class:`BackendUnavailableError` naming the backend, the op and the reason.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import torch
+
+BACKENDS = ("reference", "triton", "tilelang", "cuda", "cutlass")
+ENV_BACKEND = "MINDSPEED_OPS_BACKEND"
+
+
+class BackendUnavailableError(RuntimeError):
+    """The requested backend is not installed/built or cannot run on the tensors' device."""
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One backend's implementation of one operator.
+
+    ``fns`` holds the callables the family's autograd layer needs (e.g. ``forward``, ``backward``);
+    their signatures are the family's business.
+    """
+
+    op: str
+    backend: str
+    fns: dict
+    archs: Optional[frozenset] = None  # None: every arch the backend runs on
+    priority: int = 0  # higher wins among available backends on CUDA
+
+    def __getattr__(self, name: str) -> Callable:
+        try:
+            return self.fns[name]
+        except KeyError:
+            raise AttributeError(f"{self.op}[{self.backend}] has no function {name!r}") from None
+
+
+_REGISTRY: dict[str, dict[str, Implementation]] = {}
+_OVERRIDES: contextvars.ContextVar[tuple] = contextvars.ContextVar("mindspeed_ops_overrides", default=())
+
+
+def register(op: str, backend: str, *, archs: Optional[Iterable[str]] = None, priority: Optional[int] = None,
+             **fns: Callable) -> Implementation:
+    """Register ``backend``'s implementation of ``op`` (its functions given as keywords)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"register: backend must be one of {BACKENDS}, got {backend!r}")
+    if priority is None:
+        priority = {"reference": -100, "triton": 0}.get(backend, 10)
+    impl = Implementation(op, backend, dict(fns), frozenset(archs) if archs else None, priority)
+    _REGISTRY.setdefault(op, {})[backend] = impl
+    return impl
+
+
+def registered_ops() -> list[str]:
+    _load_families()
+    return sorted(_REGISTRY)
+
+
+def registered_backends(op: str) -> list[str]:
+    _load_families()
+    return sorted(_REGISTRY.get(op, {}), key=BACKENDS.index)
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def device_arch(device: torch.device | str) -> str:
+    """``'cpu'`` or ``'sm<major><minor>'`` of a CUDA device (``'sm90'`` on H100/H200)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"sm{major}{minor}"
+    return device.type
+
+
+def backend_status(backend: str, device: torch.device | str) -> tuple[bool, str]:
+    """(available, reason) for running ``backend`` on ``device``."""
+    device = torch.device(device)
+    if backend == "reference":
+        return True, "pure PyTorch"
+    if backend == "triton":
+        if importlib.util.find_spec("triton") is None:
+            return False, "triton is not installed (pip install triton)"
+        if device.type == "cuda":
+            return True, "CUDA"
+        if device.type == "cpu" and triton_interpreting():
+            return True, "CPU under TRITON_INTERPRET=1"
+        return False, f"triton needs a CUDA device or TRITON_INTERPRET=1 (tensors are on {device})"
+    if backend == "tilelang":
+        if importlib.util.find_spec("tilelang") is None:
+            return False, "tilelang is not installed (pip install mindspeed-ops[tilelang])"
+        return (device.type == "cuda", "CUDA" if device.type == "cuda" else f"tilelang needs CUDA, got {device}")
+    if backend in ("cuda", "cutlass"):
+        built = torch.ops.mindspeed_ops if hasattr(torch.ops, "mindspeed_ops") else None
+        if importlib.util.find_spec("mindspeed_ops._C") is None or built is None:
+            return False, f"the compiled {backend} extension (mindspeed_ops._C) is not built in this install"
+        return (device.type == "cuda", "CUDA" if device.type == "cuda" else f"{backend} needs CUDA, got {device}")
+    return False, f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}"
+
+
+def _requested(op: str) -> tuple[Optional[str], str]:
+    """The backend requested for ``op`` by an override, and where the request came from."""
+    for name, ops in reversed(_OVERRIDES.get()):
+        if ops is None or op in ops:
+            return name, f"use_backend({name!r})"
+    env = os.environ.get(ENV_BACKEND, "").strip()
+    if env:
+        return env, f"{ENV_BACKEND}={env}"
+    return None, "default"
+
+
+def select(op: str, device: torch.device | str) -> str:
+    """Name of the backend that runs ``op`` on ``device``."""
+    return implementation(op, device).backend
+
+
+def implementation(op: str, device: torch.device | str) -> Implementation:
+    """The :class:`Implementation` of ``op`` for tensors on ``device`` (see module docstring)."""
+    _load_families()
+    device = torch.device(device)
+    impls = _REGISTRY.get(op)
+    if not impls:
+        raise KeyError(f"no operator named {op!r} is registered; known: {', '.join(sorted(_REGISTRY))}")
+    arch = device_arch(device)
+    name, origin = _requested(op)
+    if name is not None:
+        ok, why = backend_status(name, device)
+        if not ok:
+            raise BackendUnavailableError(f"{op}: backend {name!r} requested by {origin} is not available: {why}")
+        impl = impls.get(name)
+        if impl is None:
+            explicit = origin.startswith("use_backend") and any(
+                ops is not None and op in ops for _, ops in _OVERRIDES.get())
+            if explicit:
+                raise BackendUnavailableError(
+                    f"{op}: backend {name!r} requested by {origin} has no implementation of this op; "
+                    f"available: {', '.join(registered_backends(op))}")
+        elif impl.archs is not None and arch not in impl.archs:
+            raise BackendUnavailableError(
+                f"{op}: backend {name!r} supports archs {sorted(impl.archs)}, the device is {arch}")
+        else:
+            return impl
+    if device.type == "cpu":
+        key = "triton" if triton_interpreting() and "triton" in impls else "reference"
+        return impls[key]
+    candidates = sorted(
+        (i for i in impls.values() if i.backend != "reference" and backend_status(i.backend, device)[0]
+         and (i.archs is None or arch in i.archs)),
+        key=lambda i: -i.priority)
+    if candidates:
+        return candidates[0]
+    return impls["reference"]
+
+
+@contextlib.contextmanager
+def use_backend(name: str, ops: Optional[Iterable[str]] = None) -> Iterator[None]:
+    """Run the enclosed code with backend ``name`` (for ``ops`` only, or every op when ``None``).
+
+    Example: ``with mindspeed_ops.use_backend("reference"): y = api.l2norm(x)``.
+    Raises ``ValueError`` for an unknown backend name; availability is checked when an op runs.
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"use_backend: name must be one of {BACKENDS}, got {name!r}")
+    token = _OVERRIDES.set(_OVERRIDES.get() + ((name, None if ops is None else frozenset(ops)),))
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
+_FAMILIES = ("activation", "norm", "norm.gated", "rope")
+_loaded = False
+
+
+def _load_families() -> None:
+    """Import every family so that its ``register`` calls have run."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for fam in _FAMILIES:
+        importlib.import_module(f"mindspeed_ops.ops.{fam}")
+
+
+def describe(device: torch.device | str) -> list[dict[str, Any]]:
+    """One row per op: the backend that would run on ``device`` (or the error), for ``info``."""
+    rows = []
+    for op in registered_ops():
+        try:
+            chosen = select(op, device)
+        except (BackendUnavailableError, KeyError) as e:
+            chosen = f"error: {e}"
+        rows.append({"op": op, "backend": chosen, "registered": registered_backends(op)})
+    return rows
+
+
+__all__ = [
+    "BACKENDS", "BackendUnavailableError", "Implementation", "register", "registered_ops",
+    "registered_backends", "device_arch", "backend_status", "select", "implementation", "use_backend",
+    "triton_interpreting", "describe",
+]

@@ -1,0 +1,48 @@
+"""Pieces every family's autograd layer uses: the reference backward and output-shape helpers."""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+
+
+def reference_vjp(fn: Callable, primals: Sequence[Optional[torch.Tensor]], cotangents, *args, **kwargs):
+    """Gradients of ``fn(*primals, *args, **kwargs)`` w.r.t. the floating ``primals`` by autograd.
+
+    This is the ``reference`` backend's backward: autograd through the pure-PyTorch reference, so the
+    CPU path and the test oracle share one definition. Returns one entry per primal (``None`` for
+    non-float or ``None`` primals, zeros where the output does not depend on it).
+    """
+    with torch.enable_grad():
+        leaves = [p.detach().requires_grad_(True) if isinstance(p, torch.Tensor) and p.is_floating_point() else p
+                  for p in primals]
+        outs = fn(*leaves, *args, **kwargs)
+        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        cots = cotangents if isinstance(cotangents, (tuple, list)) else (cotangents,)
+        pairs = [(o, c) for o, c in zip(outs, cots) if c is not None and isinstance(o, torch.Tensor)
+                 and o.requires_grad]
+        wrt = [p for p in leaves if isinstance(p, torch.Tensor) and p.requires_grad]
+        if not pairs or not wrt:
+            grads = [None] * len(wrt)
+        else:
+            grads = torch.autograd.grad([o for o, _ in pairs], wrt, [c.to(o.dtype) for o, c in pairs],
+                                        allow_unused=True)
+    it = iter(grads)
+    result = []
+    for p in leaves:
+        if isinstance(p, torch.Tensor) and p.requires_grad:
+            g = next(it)
+            result.append(torch.zeros_like(p) if g is None else g)
+        else:
+            result.append(None)
+    return result
+
+
+def rows_2d(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as ``[rows, D]`` with unit stride on the last dim; a view when possible (any row stride),
+    a copy otherwise. Kernels take the row stride, so padded/sliced rows are not copied."""
+    d = x.shape[-1] if x.dim() else 1
+    y = x.reshape(-1, d)
+    if y.stride(-1) != 1 and y.shape[-1] > 1:
+        y = y.contiguous()
+    return y

@@ -1,0 +1,1 @@
+"""Norm family (SPEC 1.1-1.3)."""

@@ -1,0 +1,1 @@
+"""RoPE family (SPEC 1.5)."""

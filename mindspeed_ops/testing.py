@@ -1,0 +1,217 @@
+"""Accuracy metric, thresholds and input generators shared by the unit tests, ``check`` and ATK.
+
+The metric is SPEC 0.9: compare ``out`` (as float64) with a float64 reference computed from the same
+(already rounded) inputs; NaN never passes; ±Inf only where the reference has it; pass when
+``max|out - ref| <= err_atol``; otherwise ``rms(out - ref) / rms(ref) <= threshold``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+#: SPEC 0.9 threshold classes: class -> {dtype: threshold}. ``EXACT`` means bitwise.
+THRESHOLDS: dict[str, dict[torch.dtype, float]] = {
+    "EXACT": {torch.float32: 0.0, torch.float16: 0.0, torch.bfloat16: 0.0},
+    "E-fwd": {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 4e-3},
+    "E-bwd": {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 8e-3},
+    "STAT": {torch.float32: 1e-5, torch.float16: 1e-5, torch.bfloat16: 1e-5},
+    "SINK-fwd": {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 4e-3},
+    "SINK-bwd": {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 8e-3},
+    "TRIL": {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 5e-3},
+    "LA-o": {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 5e-3},
+    "LA-d": {torch.float32: 2e-4, torch.float16: 8e-3, torch.bfloat16: 8e-3},
+    "LA-g": {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 2e-2},
+}
+
+#: SPEC 0.9 default absolute floor by the dtype that keys the threshold.
+ERR_ATOL: dict[torch.dtype, float] = {torch.float32: 1e-6, torch.float16: 1e-5, torch.bfloat16: 1e-4}
+
+
+def threshold(cls: str, dtype: torch.dtype) -> float:
+    """Threshold of class ``cls`` (a key of :data:`THRESHOLDS`) for ``dtype`` (float64 keys as fp32)."""
+    if dtype == torch.float64:
+        dtype = torch.float32
+    try:
+        return THRESHOLDS[cls][dtype]
+    except KeyError:
+        raise KeyError(f"no threshold for class {cls!r} and dtype {dtype}; classes: {sorted(THRESHOLDS)}") from None
+
+
+def err_atol(dtype: torch.dtype) -> float:
+    return ERR_ATOL.get(torch.float32 if dtype == torch.float64 else dtype, 1e-6)
+
+
+@dataclass
+class Comparison:
+    """Result of comparing one output with its reference."""
+
+    name: str
+    rel_rms: float  # 0.0 when within err_atol; inf for NaN/Inf failures
+    max_abs: float
+    passed: bool
+    reason: str = ""
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Raw bytes of a tensor (so NaNs with equal bits compare equal)."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``rms(out - ref) / rms(ref)`` in float64 over finite reference entries (``inf`` on NaN in ``out``)."""
+    out64 = out.detach().to(torch.float64).cpu()
+    ref64 = ref.detach().to(torch.float64).cpu()
+    if out64.shape != ref64.shape:
+        raise ValueError(f"rel_rms: shapes differ: out {list(out64.shape)} vs ref {list(ref64.shape)}")
+    if torch.isnan(out64).any():
+        return math.inf
+    d = out64 - ref64
+    den = ref64.pow(2).mean().sqrt().item() if ref64.numel() else 0.0
+    num = d.pow(2).mean().sqrt().item() if d.numel() else 0.0
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+def compare(name: str, ref: torch.Tensor, out: torch.Tensor, threshold: float,
+            err_atol: Optional[float] = None, *, nan_mask: bool = False) -> Comparison:
+    """SPEC 0.9 comparison of ``out`` against ``ref``.
+
+    ``threshold == 0`` means bitwise equality (EXACT). ``err_atol`` defaults to the floor of ``out``'s
+    dtype. ``nan_mask=True`` is for cases where the spec mandates NaN/Inf: the non-finite masks must
+    match exactly and the metric applies to the rest.
+    """
+    if out.shape != ref.shape:
+        return Comparison(name, math.inf, math.inf, False, f"shape {list(out.shape)} != reference {list(ref.shape)}")
+    if threshold == 0.0:
+        same = _bits(out).shape == _bits(ref.to(out.dtype)).shape and torch.equal(_bits(out), _bits(ref.to(out.dtype)))
+        return Comparison(name, 0.0 if same else math.inf, 0.0, same, "" if same else "not bitwise equal")
+    if err_atol is None:
+        err_atol = globals()["err_atol"](out.dtype)
+    o = out.detach().to(torch.float64).cpu()
+    r = ref.detach().to(torch.float64).cpu()
+    if nan_mask:
+        on, rn = ~torch.isfinite(o), ~torch.isfinite(r)
+        if not torch.equal(on, rn) or not torch.equal(torch.isnan(o), torch.isnan(r)) or \
+                not torch.equal(o[on & ~torch.isnan(o)], r[rn & ~torch.isnan(r)]):
+            return Comparison(name, math.inf, math.inf, False, "NaN/Inf positions differ from the reference")
+        o, r = o[~on], r[~rn]
+    else:
+        if torch.isnan(o).any():
+            n = int(torch.isnan(o).sum())
+            return Comparison(name, math.inf, math.inf, False, f"{n} NaN in output")
+        bad_inf = torch.isinf(o) & torch.isfinite(r)
+        if bad_inf.any():
+            return Comparison(name, math.inf, math.inf, False, f"{int(bad_inf.sum())} Inf where the reference is finite")
+        both_inf = torch.isinf(o) & torch.isinf(r)
+        if both_inf.any():
+            if not torch.equal(o[both_inf], r[both_inf]):
+                return Comparison(name, math.inf, math.inf, False, "Inf of the wrong sign")
+            o, r = o[~both_inf], r[~both_inf]
+        if torch.isnan(r).any() or torch.isinf(r).any():
+            return Comparison(name, math.inf, math.inf, False, "reference has NaN/Inf where the output is finite")
+    d = o - r
+    max_abs = d.abs().max().item() if d.numel() else 0.0
+    if max_abs <= err_atol:
+        return Comparison(name, 0.0, max_abs, True)
+    den = r.pow(2).mean().sqrt().item()
+    if den == 0.0:
+        return Comparison(name, math.inf, max_abs, False, "reference is all zero and max|d| > err_atol")
+    val = d.pow(2).mean().sqrt().item() / den
+    ok = val <= threshold
+    return Comparison(name, val, max_abs, ok, "" if ok else f"rel_rms {val:.3e} > {threshold:.1e}")
+
+
+def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, threshold: float,
+                 err_atol: Optional[float] = None, *, nan_mask: bool = False) -> float:
+    """Assert the SPEC 0.9 metric; returns the rel_rms. ``threshold`` is a number or a class name
+    (``"E-fwd"``), in which case the dtype of ``out`` picks the value."""
+    if isinstance(threshold, str):
+        threshold = globals()["threshold"](threshold, out.dtype)
+    c = compare(name, ref, out, threshold, err_atol, nan_mask=nan_mask)
+    if not c.passed:
+        raise AssertionError(f"{name}: {c.reason} (rel_rms={c.rel_rms:.3e}, max|d|={c.max_abs:.3e}, "
+                             f"threshold={threshold:.1e}, shape={list(out.shape)}, dtype={out.dtype})")
+    return c.rel_rms
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    g = torch.Generator(device=torch.device(device))
+    g.manual_seed(seed)
+    return g
+
+
+def randn(shape: Sequence[int], dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", *,
+          seed: int = 0, scale: float = 1.0, shift: float = 0.0, requires_grad: bool = False) -> torch.Tensor:
+    """Seeded normal tensor (drawn in fp32, then rounded to ``dtype``), never all zeros."""
+    g = generator(seed, device)
+    t = torch.randn(tuple(shape), generator=g, device=device, dtype=torch.float32) * scale + shift
+    return t.to(dtype).requires_grad_(requires_grad)
+
+
+def uniform(shape: Sequence[int], low: float, high: float, dtype: torch.dtype = torch.float32,
+            device: torch.device | str = "cpu", *, seed: int = 0) -> torch.Tensor:
+    g = generator(seed, device)
+    t = torch.rand(tuple(shape), generator=g, device=device, dtype=torch.float32) * (high - low) + low
+    return t.to(dtype)
+
+
+def non_contiguous(t: torch.Tensor, kind: str = "pad") -> torch.Tensor:
+    """A non-contiguous view with the same values: ``pad`` (a slice of a wider last dim) or
+    ``transpose`` (stored transposed in the last two dims). Requires ``t.dim() >= 1`` / ``>= 2``."""
+    if kind == "pad":
+        big = torch.empty(*t.shape[:-1], t.shape[-1] + 3, dtype=t.dtype, device=t.device)
+        big.fill_(float("nan") if t.is_floating_point() else -1)
+        big[..., : t.shape[-1]] = t
+        v = big[..., : t.shape[-1]]
+    elif kind == "transpose":
+        v = t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    else:
+        raise ValueError(f"non_contiguous: kind must be 'pad' or 'transpose', got {kind!r}")
+    return v.requires_grad_(t.requires_grad) if t.is_leaf else v
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill an output buffer with NaN (floats) or -1 (ints) so unwritten elements are caught."""
+    return t.fill_(float("nan") if t.is_floating_point() else -1)
+
+
+def snapshot(*tensors: Optional[torch.Tensor]) -> list[Optional[torch.Tensor]]:
+    """Bitwise copies of inputs, to check later with :func:`assert_unchanged`."""
+    return [None if t is None else t.detach().clone() for t in tensors]
+
+
+def assert_unchanged(before: list, *tensors: Optional[torch.Tensor], names: Optional[Sequence[str]] = None) -> None:
+    """Inputs bitwise equal to their :func:`snapshot` (no input mutation, SPEC 0.6)."""
+    for i, (b, t) in enumerate(zip(before, tensors)):
+        if b is None:
+            continue
+        n = names[i] if names else f"input {i}"
+        same = b.shape == t.shape and torch.equal(_bits(b), _bits(t))
+        if not same:
+            raise AssertionError(f"{n} was modified by the operator")
+
+
+def to_ref(*tensors: Optional[torch.Tensor], requires_grad: bool = False) -> list[Optional[torch.Tensor]]:
+    """Detached float64 copies of the (already rounded) inputs, for the reference oracle."""
+    out = []
+    for t in tensors:
+        if t is None:
+            out.append(None)
+            continue
+        r = t.detach().to(torch.float64) if t.is_floating_point() else t.detach().clone()
+        if requires_grad and r.is_floating_point():
+            r.requires_grad_(True)
+        out.append(r)
+    return out
+
+
+__all__ = ["THRESHOLDS", "ERR_ATOL", "threshold", "err_atol", "Comparison", "rel_rms", "compare", "assert_close",
+           "generator", "randn", "uniform", "non_contiguous", "poison", "snapshot", "assert_unchanged", "to_ref"]

@@ -1,0 +1,109 @@
+"""Helpers shared by every Triton launcher, including the shim for the CPU interpreter.
+
+Under ``TRITON_INTERPRET=1`` (how CI runs the real kernels on CPU) the stock interpreter has traps
+that give silent wrong answers or crashes (DESIGN section 7). This module hides them so kernels are
+written once for the GPU:
+
+1. bf16 arithmetic is garbage in the interpreter (raw uint16 bits) and fp32->bf16 stores truncate.
+   Launchers pass tensors through :func:`kernel_input` (bf16 -> fp32 copy when interpreting) and
+   allocate outputs with :func:`kernel_dtype`; :func:`finish` rounds fp32 results back to bf16 with
+   PyTorch (round-to-nearest-even, the single rounding the spec asks for). On the GPU these are
+   no-ops.
+2. ``@triton.autotune`` with several configs raises "0 active drivers": :func:`autotune` keeps only
+   the first config under the interpreter.
+3. ``libdevice`` functions are stubs: kernels use ``tl.exp``/``tl.sigmoid``/``tl.rsqrt``/... only.
+4. float scalars stay Python floats and loop variables Python ints: kernels use ``tl.cast(x, dtype)``
+   (works on both) instead of ``x.to(dtype)`` on those values; :func:`i64` is a jit helper for it.
+5. numpy >= 2.4 breaks runtime loop bounds: CI pins ``numpy<2.4``; :func:`check_interpreter_env`
+   says so loudly.
+6. ``tl.device_assert`` never fires: launchers validate on the host (``mindspeed_ops.validation``).
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+try:  # triton is a Linux-only dependency; the reference path works without it
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - exercised only on machines without triton
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_interpreter_env() -> None:
+    """Raise if the interpreter would silently mis-execute runtime-bounded loops (numpy >= 2.4)."""
+    if not interpreting():
+        return
+    import numpy as np
+
+    major, minor = (int(p) for p in np.__version__.split(".")[:2])
+    if (major, minor) >= (2, 4):
+        raise RuntimeError(
+            f"TRITON_INTERPRET=1 with numpy {np.__version__}: the Triton interpreter mis-runs loops with "
+            "runtime bounds on numpy >= 2.4; install 'numpy<2.4'")
+
+
+def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dtype a kernel should read/write for a tensor of ``dtype`` (fp32 for bf16 when interpreting)."""
+    if dtype == torch.bfloat16 and interpreting():
+        return torch.float32
+    return dtype
+
+
+def kernel_input(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``t`` as the kernel should see it: an fp32 copy of a bf16 tensor under the interpreter."""
+    if t is None or t.dtype != torch.bfloat16 or not interpreting():
+        return t
+    return t.float()
+
+
+def finish(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round a kernel output to ``dtype`` if the shim widened it (no-op otherwise)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def autotune(configs: Sequence, key: Iterable[str], **kwargs):
+    """``triton.autotune`` that keeps one config under the interpreter (which cannot benchmark)."""
+    configs = list(configs)
+    if interpreting():
+        configs = configs[:1]
+        kwargs.pop("prune_configs_by", None)
+    return triton.autotune(configs=configs, key=list(key), **kwargs)
+
+
+def cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (a small stand-in on CPU: the interpreter is serial)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def i64(x):
+        """``x`` as int64; works on tensors and on the interpreter's Python-int loop variables."""
+        return tl.cast(x, tl.int64)
+
+    @triton.jit
+    def sigmoid_f32(x):
+        """Sigmoid in fp32 with ``tl.exp`` (no libdevice, which the interpreter stubs out)."""
+        return 1.0 / (1.0 + tl.exp(-x))

@@ -1,0 +1,33 @@
+"""Test setup: on a machine without CUDA the Triton kernels run under the interpreter.
+
+``TRITON_INTERPRET=1`` must be set before any kernel module is imported (``@triton.jit`` reads it at
+decoration time), so it is set here, at the top, before ``mindspeed_ops`` is imported.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+#: dtypes the kernels are tested in: bf16 arithmetic only for real on the GPU (DESIGN 7, trap 1)
+DTYPES = [torch.float32, torch.float16, torch.bfloat16] if ON_GPU else [torch.float32, torch.float16]
+
+
+def pytest_collection_modifyitems(config, items):
+    if ON_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (gpu/large marker)")
+    for item in items:
+        if "gpu" in item.keywords or "large" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device():
+    return DEVICE
