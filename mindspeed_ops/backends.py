@@ -112,22 +112,23 @@ def backend_status(backend: str, device: torch.device | str) -> tuple[bool, str]
             return False, "tilelang is not installed (pip install mindspeed-ops[tilelang])"
         return (device.type == "cuda", "CUDA" if device.type == "cuda" else f"tilelang needs CUDA, got {device}")
     if backend in ("cuda", "cutlass"):
-        built = torch.ops.mindspeed_ops if hasattr(torch.ops, "mindspeed_ops") else None
-        if importlib.util.find_spec("mindspeed_ops._C") is None or built is None:
+        if importlib.util.find_spec("mindspeed_ops._C") is None:
             return False, f"the compiled {backend} extension (mindspeed_ops._C) is not built in this install"
         return (device.type == "cuda", "CUDA" if device.type == "cuda" else f"{backend} needs CUDA, got {device}")
     return False, f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}"
 
 
-def _requested(op: str) -> tuple[Optional[str], str]:
-    """The backend requested for ``op`` by an override, and where the request came from."""
+def _requested(op: str) -> tuple[Optional[str], str, bool]:
+    """The backend requested for ``op`` by an override, where the request came from, and whether it
+    names ``op`` explicitly (``use_backend(..., ops=[op])``: then a missing implementation is an error;
+    a global request falls back to the default for ops the backend does not implement)."""
     for name, ops in reversed(_OVERRIDES.get()):
         if ops is None or op in ops:
-            return name, f"use_backend({name!r})"
+            return name, f"use_backend({name!r})", ops is not None
     env = os.environ.get(ENV_BACKEND, "").strip()
     if env:
-        return env, f"{ENV_BACKEND}={env}"
-    return None, "default"
+        return env, f"{ENV_BACKEND}={env}", False
+    return None, "default", False
 
 
 def select(op: str, device: torch.device | str) -> str:
@@ -143,15 +144,13 @@ def implementation(op: str, device: torch.device | str) -> Implementation:
     if not impls:
         raise KeyError(f"no operator named {op!r} is registered; known: {', '.join(sorted(_REGISTRY))}")
     arch = device_arch(device)
-    name, origin = _requested(op)
+    name, origin, explicit = _requested(op)
     if name is not None:
         ok, why = backend_status(name, device)
         if not ok:
             raise BackendUnavailableError(f"{op}: backend {name!r} requested by {origin} is not available: {why}")
         impl = impls.get(name)
         if impl is None:
-            explicit = origin.startswith("use_backend") and any(
-                ops is not None and op in ops for _, ops in _OVERRIDES.get())
             if explicit:
                 raise BackendUnavailableError(
                     f"{op}: backend {name!r} requested by {origin} has no implementation of this op; "
@@ -194,13 +193,14 @@ _loaded = False
 
 
 def _load_families() -> None:
-    """Import every family so that its ``register`` calls have run."""
+    """Import every family so that its ``register`` calls have run. A family that fails to import
+    raises here, on every call, rather than leaving a silently partial registry."""
     global _loaded
     if _loaded:
         return
-    _loaded = True
     for fam in _FAMILIES:
         importlib.import_module(f"mindspeed_ops.ops.{fam}")
+    _loaded = True
 
 
 def describe(device: torch.device | str) -> list[dict[str, Any]]:

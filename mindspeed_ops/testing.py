@@ -61,7 +61,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``rms(out - ref) / rms(ref)`` in float64 over finite reference entries (``inf`` on NaN in ``out``)."""
+    """``rms(out - ref) / rms(ref)`` in float64 (``inf`` on NaN in ``out`` or an all-zero ``ref`` with
+    ``out != ref``). The bare metric; :func:`compare` adds the NaN/Inf and ``err_atol`` rules."""
     out64 = out.detach().to(torch.float64).cpu()
     ref64 = ref.detach().to(torch.float64).cpu()
     if out64.shape != ref64.shape:

@@ -1,5 +1,9 @@
-"""``prepare_chunk_indices`` and ``get_available_device`` (SPEC 2.1)."""
+"""``prepare_chunk_indices`` and ``get_available_device`` (SPEC 2.1, 0.3)."""
+from __future__ import annotations
+
 import torch
+
+from ...validation import check_cu_seqlens, check_positive
 
 
 def get_available_device() -> str:
@@ -7,4 +11,29 @@ def get_available_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-__all__ = ["get_available_device"]
+def prepare_chunk_indices(cu_seqlens: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """Chunk table of packed sequences (SPEC 0.3).
+
+    Args:
+        cu_seqlens: ``[N+1]`` int32/int64, ``cu_seqlens[0] == 0``, non-decreasing.
+        chunk_size: ``BT`` > 0.
+
+    Returns:
+        ``[NT, 2]`` int32 on ``cu_seqlens.device``: row ``j`` is ``(sequence id, chunk id inside the
+        sequence)`` for the ``NT = Σ_n ceil(L_n / BT)`` chunks in packed order. Zero-length sequences
+        contribute no rows.
+
+    Raises:
+        ValueError/TypeError: malformed ``cu_seqlens`` or ``chunk_size <= 0``.
+    """
+    check_positive("prepare_chunk_indices", "chunk_size", chunk_size)
+    check_cu_seqlens("prepare_chunk_indices", cu_seqlens, batch=1, total=int(cu_seqlens[-1]) if cu_seqlens.numel() else 0)
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
+    n_chunks = (lens + chunk_size - 1) // chunk_size
+    seq_ids = torch.repeat_interleave(torch.arange(lens.numel(), device=cu_seqlens.device), n_chunks)
+    starts = torch.cumsum(n_chunks, 0) - n_chunks
+    chunk_ids = torch.arange(seq_ids.numel(), device=cu_seqlens.device) - torch.repeat_interleave(starts, n_chunks)
+    return torch.stack([seq_ids, chunk_ids], dim=1).to(torch.int32)
+
+
+__all__ = ["get_available_device", "prepare_chunk_indices"]

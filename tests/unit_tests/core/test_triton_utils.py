@@ -1,0 +1,209 @@
+"""mindspeed_ops.triton_utils: the interpreter shim itself (DESIGN 7).
+
+The kernels below are defined at import time, after tests/conftest.py has set TRITON_INTERPRET=1 on a
+machine without CUDA, so on CPU they run under the interpreter and on a GPU they are compiled.
+"""
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from mindspeed_ops import triton_utils as tu  # noqa: E402
+from tests.conftest import DEVICE, ON_GPU  # noqa: E402
+
+interpreter_only = pytest.mark.skipif(not tu.interpreting(), reason="demonstrates a trap of the CPU interpreter")
+
+
+@triton.jit
+def _scale_kernel(x_ptr, y_ptr, n, c, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m).to(tl.float32)
+    tl.store(y_ptr + offs, (x * c).to(y_ptr.dtype.element_ty), mask=m)
+
+
+def _scale(x, y, c):
+    n = x.numel()
+    _scale_kernel[(tu.cdiv(n, 256),)](x, y, n, c, BLOCK=256)
+    return y
+
+
+@triton.jit
+def _row_sum_kernel(x_ptr, y_ptr, n_rows, stride, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(0, n_rows):  # i is a Python int under the interpreter, a tensor when compiled
+        acc += tl.load(x_ptr + tu.i64(i) * stride + offs).to(tl.float32)
+    tl.store(y_ptr + offs, acc)
+
+
+@triton.jit
+def _sigmoid_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m)
+    tl.store(y_ptr + offs, tu.sigmoid_f32(x), mask=m)
+
+
+_CONFIGS = [triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})]
+
+
+@tu.autotune(_CONFIGS, key=["n"])
+@triton.jit
+def _double_tuned(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=m) * 2, mask=m)
+
+
+def _grid(n):
+    return lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
+
+
+# ---------------------------------------------------------------------------------------------
+# autotune
+
+
+def test_autotune_runs_and_keeps_one_config_under_interpreter():
+    x = torch.randn(300, device=DEVICE)
+    y = torch.full_like(x, float("nan"))
+    _double_tuned[_grid(300)](x, y, 300)
+    assert torch.equal(y, x * 2)
+    if tu.interpreting():
+        assert len(_double_tuned.configs) == 1 and _double_tuned.configs[0].kwargs == {"BLOCK": 32}
+    else:
+        assert len(_double_tuned.configs) == len(_CONFIGS)
+
+
+def test_autotune_drops_prune_configs_by_under_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    tuner = tu.autotune(_CONFIGS, key=["n"], prune_configs_by={"early_config_prune": lambda c, a, **k: c})(
+        _double_tuned.fn)
+    assert len(tuner.configs) == 1
+
+
+@interpreter_only
+def test_stock_autotune_with_several_configs_fails_under_interpreter():
+    """The trap the shim avoids: plain triton.autotune with >1 config cannot run interpreted."""
+    raw = triton.autotune(configs=_CONFIGS, key=["n"])(_double_tuned.fn)
+    x = torch.randn(100)
+    with pytest.raises(RuntimeError, match="active drivers"):
+        raw[_grid(100)](x, torch.empty_like(x), 100)
+
+
+# ---------------------------------------------------------------------------------------------
+# bf16 through kernel_input / kernel_dtype / finish
+
+
+def _bf16_case():
+    x = (torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16).to(DEVICE)
+    return x, 1.2345  # a scale that makes most products need rounding
+
+
+def test_bf16_round_trip_matches_torch_rne():
+    x, c = _bf16_case()
+    xi = tu.kernel_input(x)
+    y = torch.empty(x.shape, dtype=tu.kernel_dtype(torch.bfloat16), device=DEVICE)
+    out = tu.finish(_scale(xi, y, c), torch.bfloat16)
+    want = (x.float() * c).to(torch.bfloat16)  # torch: fp32 math, one round-to-nearest-even
+    assert out.dtype == torch.bfloat16 and torch.equal(out, want)
+    if tu.interpreting():
+        assert xi.dtype == torch.float32 and y.dtype == torch.float32
+    else:
+        assert xi is x and y.dtype == torch.bfloat16
+
+
+@interpreter_only
+def test_naive_bf16_store_truncates_under_interpreter():
+    """The trap the shim avoids: an in-kernel fp32 -> bf16 store truncates instead of rounding."""
+    x, c = _bf16_case()
+    naive = _scale(x, torch.empty_like(x), c)  # bf16 in, bf16 out, no shim
+    want = (x.float() * c).to(torch.bfloat16)
+    assert not torch.equal(naive, want)
+    f = x.float() * c
+    truncated = (f.view(torch.int32) >> 16).to(torch.int16).view(torch.bfloat16)  # drop the low 16 bits
+    assert torch.equal(naive, truncated)
+
+
+def test_shim_is_noop_without_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x = torch.randn(4).to(torch.bfloat16)
+    assert not tu.interpreting()
+    assert tu.kernel_input(x) is x
+    assert tu.kernel_dtype(torch.bfloat16) == torch.bfloat16
+
+
+def test_shim_only_touches_bf16(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for dt in (torch.float32, torch.float16):
+        x = torch.randn(4).to(dt)
+        assert tu.kernel_input(x) is x and tu.kernel_dtype(dt) == dt
+    assert tu.kernel_input(None) is None
+    assert tu.kernel_dtype(torch.bfloat16) == torch.float32
+    y = torch.randn(4)
+    assert tu.finish(y, torch.float32) is y
+    assert tu.finish(y, torch.bfloat16).dtype == torch.bfloat16
+
+
+# ---------------------------------------------------------------------------------------------
+# i64 on loop variables, sigmoid_f32
+
+
+def test_i64_on_python_int_loop_variable():
+    x = torch.randn(5, 16, device=DEVICE)
+    y = torch.empty(16, device=DEVICE)
+    _row_sum_kernel[(1,)](x, y, 5, x.stride(0), BLOCK=16)
+    torch.testing.assert_close(y, x.sum(0))
+
+
+def test_sigmoid_f32():
+    x = torch.linspace(-30, 30, 301, device=DEVICE)
+    y = torch.empty_like(x)
+    _sigmoid_kernel[(tu.cdiv(301, 128),)](x, y, 301, BLOCK=128)
+    torch.testing.assert_close(y, torch.sigmoid(x), rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------
+# environment check and host helpers
+
+
+def test_check_interpreter_env_numpy(monkeypatch):
+    import numpy as np
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(np, "__version__", "2.4.0")
+    with pytest.raises(RuntimeError, match=r"numpy 2.4.0.*install 'numpy<2.4'"):
+        tu.check_interpreter_env()
+    monkeypatch.setattr(np, "__version__", "3.0.1")
+    with pytest.raises(RuntimeError):
+        tu.check_interpreter_env()
+    monkeypatch.setattr(np, "__version__", "2.3.5")
+    tu.check_interpreter_env()
+    monkeypatch.setattr(np, "__version__", "2.4.0")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    tu.check_interpreter_env()  # only matters under the interpreter
+
+
+def test_installed_numpy_is_fine_for_the_interpreter():
+    tu.check_interpreter_env()
+
+
+@pytest.mark.parametrize("a,b,want", [(0, 4, 0), (1, 4, 1), (4, 4, 1), (5, 4, 2), (64, 64, 1), (65, 64, 2),
+                                      (2**40 + 1, 2**20, 2**20 + 1)])
+def test_cdiv(a, b, want):
+    assert tu.cdiv(a, b) == want == triton.cdiv(a, b)
+
+
+@pytest.mark.parametrize("n,want", [(0, 1), (1, 1), (2, 2), (3, 4), (64, 64), (65, 128), (1000, 1024),
+                                    (2**31 - 1, 2**31)])
+def test_next_power_of_2(n, want):
+    assert tu.next_power_of_2(n) == want
+    if n >= 1:
+        assert want == triton.next_power_of_2(n)
+
+
+def test_num_sms():
+    assert tu.num_sms(torch.device("cpu")) == 4
+    if ON_GPU:
+        assert tu.num_sms(torch.device("cuda")) == torch.cuda.get_device_properties(0).multi_processor_count
