@@ -1,9 +1,28 @@
 """Pieces every family's autograd layer uses: the reference backward and output-shape helpers."""
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+import contextlib
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
+from torch._C import DispatchKey
+
+# Keys a custom op's body runs with excluded (it is dispatched below autograd); the reference
+# backward needs them back to record a graph through the reference.
+_AUTOGRAD_KEYS = tuple(getattr(DispatchKey, n) for n in (
+    "ADInplaceOrView", "AutogradCPU", "AutogradCUDA", "AutogradXPU", "AutogradMPS", "AutogradMeta",
+    "AutogradPrivateUse1", "AutogradOther", "AutogradFunctionality") if hasattr(DispatchKey, n))
+
+
+@contextlib.contextmanager
+def autograd_recording() -> Iterator[None]:
+    """Record autograd graphs even inside a custom op's body (where the dispatcher excludes the
+    autograd keys, so ``torch.enable_grad()`` alone records nothing and gradients come back 0)."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in _AUTOGRAD_KEYS:
+        exclude = exclude.remove(key)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude), torch.enable_grad():
+        yield
 
 
 def reference_vjp(fn: Callable, primals: Sequence[Optional[torch.Tensor]], cotangents, *args, **kwargs):
@@ -13,14 +32,17 @@ def reference_vjp(fn: Callable, primals: Sequence[Optional[torch.Tensor]], cotan
     CPU path and the test oracle share one definition. Returns one entry per primal (``None`` for
     non-float or ``None`` primals, zeros where the output does not depend on it).
     """
-    with torch.enable_grad():
+    with autograd_recording():
         leaves = [p.detach().requires_grad_(True) if isinstance(p, torch.Tensor) and p.is_floating_point() else p
                   for p in primals]
         outs = fn(*leaves, *args, **kwargs)
         outs = outs if isinstance(outs, (tuple, list)) else (outs,)
         cots = cotangents if isinstance(cotangents, (tuple, list)) else (cotangents,)
         pairs = [(o, c) for o, c in zip(outs, cots) if c is not None and isinstance(o, torch.Tensor)
-                 and o.requires_grad]
+                 and o.is_floating_point()]
+        if any(not o.requires_grad for o, _ in pairs) and any(
+                isinstance(p, torch.Tensor) and p.requires_grad for p in leaves):
+            raise RuntimeError(f"reference_vjp: {getattr(fn, '__name__', fn)} recorded no autograd graph")
         wrt = [p for p in leaves if isinstance(p, torch.Tensor) and p.requires_grad]
         if not pairs or not wrt:
             grads = [None] * len(wrt)

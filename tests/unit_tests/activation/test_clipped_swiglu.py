@@ -159,3 +159,17 @@ def test_large_int64_offsets():
     x.normal_(generator=torch.Generator(DEVICE).manual_seed(16))
     y = api.clipped_swiglu(x)
     assert_close("last rows", ref.clipped_swiglu(x[-3:].double()), y[-3:], "E-fwd")
+
+
+def test_reference_backend_gradients():
+    """The reference backend's backward (autograd through the reference inside the custom op) is
+    not silently zero: regression for autograd keys being excluded inside a custom op's body."""
+    import mindspeed_ops
+
+    x = randn((6, 2 * 24), torch.float32, DEVICE, seed=17, scale=3.0).requires_grad_()
+    with mindspeed_ops.use_backend("reference"):
+        y = api.clipped_swiglu(x)
+        y.backward(torch.ones_like(y))
+    (xr,) = to_ref(x, requires_grad=True)
+    ref.clipped_swiglu(xr).sum().backward()
+    assert_close("reference-backend dx", xr.grad, x.grad, "E-bwd")

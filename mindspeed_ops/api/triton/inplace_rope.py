@@ -1,0 +1,3 @@
+from ...ops.rope import inplace_rope
+
+__all__ = ["inplace_rope"]
