@@ -4,10 +4,11 @@ from .triton.clipped_swiglu import clipped_swiglu
 from .triton.inplace_rope import inplace_rope
 from .triton.l2norm import L2Norm, l2norm, l2norm_bwd, l2norm_fwd
 from .triton.rms_norm import rms_norm
+from .triton.rms_norm_gated import FusedRMSNormGated, rms_norm_gated
 from .triton.rmsnorm_without_weight import rmsnorm_without_weight
 from .triton.utils import get_available_device, prepare_chunk_indices
 
 __all__ = [
     "clipped_swiglu", "inplace_rope", "l2norm", "l2norm_fwd", "l2norm_bwd", "L2Norm", "rms_norm",
-    "rmsnorm_without_weight", "get_available_device", "prepare_chunk_indices",
+    "rmsnorm_without_weight", "rms_norm_gated", "FusedRMSNormGated", "get_available_device", "prepare_chunk_indices",
 ]

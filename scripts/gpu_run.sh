@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# What we run on the H200 through the device tool (see docs/benchmarks/README.md):
+#   bash scripts/gpu_run.sh [tests|check|bench|all] [extra pytest args]
+# Peer libraries travel as wheels in .whl/ (carry it); the image has torch, triton, pytest, rich.
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PWD || exit 1
+else
+  export PYTHONPATH=$PWD
+fi
+what=${1:-all}; shift || true
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
+rc=0
+if [[ $what == tests || $what == all ]]; then
+  python3 -m pytest -q -p no:cacheprovider -n 8 --timeout 900 -rfE "${@:-tests}" 2>&1 | tee "$OUT/pytest.log" | tail -40
+  rc=$(( rc | ${PIPESTATUS[0]} ))
+fi
+if [[ $what == check || $what == all ]]; then
+  python3 -m mindspeed_ops check --json "$OUT/check.json" 2>&1 | tee "$OUT/check.log" | tail -60
+  rc=$(( rc | ${PIPESTATUS[0]} ))
+fi
+if [[ $what == bench || $what == all ]]; then
+  python3 benchmarks/bench_norms_activation_rope.py --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -80
+  rc=$(( rc | ${PIPESTATUS[0]} ))
+fi
+exit $rc
