@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -68,7 +69,22 @@ def register(op: str, backend: str, *, archs: Optional[Iterable[str]] = None, pr
         priority = {"reference": -100, "triton": 0}.get(backend, 10)
     impl = Implementation(op, backend, dict(fns), frozenset(archs) if archs else None, priority)
     _REGISTRY.setdefault(op, {})[backend] = impl
+    _RESOLVED.clear()
     return impl
+
+
+def unregister(op: str, backend: Optional[str] = None) -> None:
+    """Remove ``op`` (one ``backend`` of it, or all) from the registry; for tests and plug-ins."""
+    if backend is None:
+        _REGISTRY.pop(op, None)
+    else:
+        _REGISTRY.get(op, {}).pop(backend, None)
+    _RESOLVED.clear()
+
+
+def clear_cache() -> None:
+    """Forget cached selections (after changing what ``backend_status``/``device_arch`` report)."""
+    _RESOLVED.clear()
 
 
 def registered_ops() -> list[str]:
@@ -85,13 +101,23 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+@functools.lru_cache(maxsize=None)
+def _cuda_arch(index: Optional[int]) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm{major}{minor}"
+
+
 def device_arch(device: torch.device | str) -> str:
     """``'cpu'`` or ``'sm<major><minor>'`` of a CUDA device (``'sm90'`` on H100/H200)."""
     device = torch.device(device)
     if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        return f"sm{major}{minor}"
+        return _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
     return device.type
+
+
+@functools.lru_cache(maxsize=None)
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
 
 def backend_status(backend: str, device: torch.device | str) -> tuple[bool, str]:
@@ -100,7 +126,7 @@ def backend_status(backend: str, device: torch.device | str) -> tuple[bool, str]
     if backend == "reference":
         return True, "pure PyTorch"
     if backend == "triton":
-        if importlib.util.find_spec("triton") is None:
+        if not _installed("triton"):
             return False, "triton is not installed (pip install triton)"
         if device.type == "cuda":
             return True, "CUDA"
@@ -108,11 +134,11 @@ def backend_status(backend: str, device: torch.device | str) -> tuple[bool, str]
             return True, "CPU under TRITON_INTERPRET=1"
         return False, f"triton needs a CUDA device or TRITON_INTERPRET=1 (tensors are on {device})"
     if backend == "tilelang":
-        if importlib.util.find_spec("tilelang") is None:
+        if not _installed("tilelang"):
             return False, "tilelang is not installed (pip install mindspeed-ops[tilelang])"
         return (device.type == "cuda", "CUDA" if device.type == "cuda" else f"tilelang needs CUDA, got {device}")
     if backend in ("cuda", "cutlass"):
-        if importlib.util.find_spec("mindspeed_ops._C") is None:
+        if not _installed("mindspeed_ops._C"):
             return False, f"the compiled {backend} extension (mindspeed_ops._C) is not built in this install"
         return (device.type == "cuda", "CUDA" if device.type == "cuda" else f"{backend} needs CUDA, got {device}")
     return False, f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}"
@@ -136,8 +162,23 @@ def select(op: str, device: torch.device | str) -> str:
     return implementation(op, device).backend
 
 
+_RESOLVED: dict = {}
+
+
 def implementation(op: str, device: torch.device | str) -> Implementation:
-    """The :class:`Implementation` of ``op`` for tensors on ``device`` (see module docstring)."""
+    """The :class:`Implementation` of ``op`` for tensors on ``device`` (see module docstring).
+
+    Called on every operator call, so the answer is cached per (op, device, overrides, environment);
+    errors are not cached."""
+    key = (op, str(device), _OVERRIDES.get(), os.environ.get(ENV_BACKEND), os.environ.get("TRITON_INTERPRET"))
+    impl = _RESOLVED.get(key)
+    if impl is None:
+        impl = _resolve(op, device)
+        _RESOLVED[key] = impl
+    return impl
+
+
+def _resolve(op: str, device: torch.device | str) -> Implementation:
     _load_families()
     device = torch.device(device)
     impls = _REGISTRY.get(op)
@@ -216,7 +257,7 @@ def describe(device: torch.device | str) -> list[dict[str, Any]]:
 
 
 __all__ = [
-    "BACKENDS", "BackendUnavailableError", "Implementation", "register", "registered_ops",
+    "BACKENDS", "BackendUnavailableError", "Implementation", "register", "unregister", "clear_cache", "registered_ops",
     "registered_backends", "device_arch", "backend_status", "select", "implementation", "use_backend",
     "triton_interpreting", "describe",
 ]

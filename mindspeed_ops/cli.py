@@ -235,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--repeats", type=int, default=3, metavar="N",
                    help="timed repetitions on CPU (0: no timing; CUDA uses do_bench)")
     c.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    from . import compile_check  # no kernel imports at its top: safe before TRITON_INTERPRET is decided
+
+    cc = sub.add_parser("compile-check", help="compile every Triton kernel/config for sm_80/sm_90 without a GPU")
+    compile_check.build_parser(cc)
     return p
 
 
@@ -246,6 +250,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return cmd_info(args)
     if args.command == "check":
         return cmd_check(args, parser)
+    if args.command == "compile-check":
+        from . import compile_check
+
+        return compile_check.run_cli(args)
     parser.print_help()
     return 2
 

@@ -75,10 +75,20 @@ def finish(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def autotune(configs: Sequence, key: Iterable[str], **kwargs):
     """``triton.autotune`` that keeps one config under the interpreter (which cannot benchmark)."""
     configs = list(configs)
+    prune = kwargs.get("prune_configs_by")
+    kept = configs
     if interpreting():
-        configs = configs[:1]
+        kept = configs[:1]
         kwargs.pop("prune_configs_by", None)
-    return triton.autotune(configs=configs, key=list(key), **kwargs)
+    decorate = triton.autotune(configs=kept, key=list(key), **kwargs)
+
+    def wrap(fn):
+        tuner = decorate(fn)
+        # every config and the pruning rule, for mindspeed_ops.compile_check (the interpreter runs only the first)
+        tuner.all_configs, tuner.all_prune_configs_by = configs, prune
+        return tuner
+
+    return wrap
 
 
 def cdiv(a: int, b: int) -> int:

@@ -5,7 +5,8 @@ Pattern every family follows:
   backward, each with a fake (meta) function, so ``torch.compile(fullgraph=True)`` traces through;
 - the op bodies ask :mod:`mindspeed_ops.backends` which implementation runs (``reference``: the
   pure-PyTorch function, its backward by autograd through it; ``triton``: the launchers);
-- ``register_autograd`` wires the two together.
+- ``register_autograd`` wires the two together; ``common.eager_autograd`` gives the public function
+  a cheap eager path over the same bodies (custom-op dispatch costs more host time than the kernels).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Optional
 import torch
 
 from ... import backends
-from ..common import reference_vjp
+from ..common import call_op, eager_autograd, reference_vjp
 from . import clipped_swiglu as _launch
 from . import reference as _ref
 
@@ -57,10 +58,11 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, dout):
     (gate_up,) = ctx.saved_tensors
-    return clipped_swiglu_bwd_op(dout, gate_up, ctx.alpha, ctx.limit, ctx.interleaved), None, None, None
+    return call_op(ctx, clipped_swiglu_bwd_op, dout, gate_up, ctx.alpha, ctx.limit, ctx.interleaved), None, None, None
 
 
 clipped_swiglu_op.register_autograd(_backward, setup_context=_setup)
+_clipped_swiglu = eager_autograd(clipped_swiglu_op, _setup, _backward)
 
 
 def clipped_swiglu(gate_up: torch.Tensor, swiglu_alpha: float = 1.702, swiglu_limit: Optional[float] = 7.0,
@@ -91,5 +93,5 @@ def clipped_swiglu(gate_up: torch.Tensor, swiglu_alpha: float = 1.702, swiglu_li
 
     Source: GPT-OSS model card / reference implementation (OpenAI, 2025), "swiglu with clamping".
     """
-    return clipped_swiglu_op(gate_up, float(swiglu_alpha), None if swiglu_limit is None else float(swiglu_limit),
-                             bool(interleaved))
+    return _clipped_swiglu(gate_up, float(swiglu_alpha), None if swiglu_limit is None else float(swiglu_limit),
+                           bool(interleaved))

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ... import backends
+from ..common import call_op, eager_autograd
 from . import l2norm as _l2
 from . import reference as _ref
 from . import rms_norm as _rms
@@ -106,10 +107,11 @@ def _l2norm_backward(ctx, dy, _drstd):
     x, rstd = ctx.saved_tensors
     if dy is None:
         return None, None, None
-    return l2norm_bwd_op(x, rstd, dy, ctx.eps, False, x.dtype), None, None
+    return call_op(ctx, l2norm_bwd_op, x, rstd, dy, ctx.eps, False, x.dtype), None, None
 
 
 l2norm_op.register_autograd(_l2norm_backward, setup_context=_l2norm_setup)
+_l2norm = eager_autograd(l2norm_op, _l2norm_setup, _l2norm_backward)
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6, output_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -135,7 +137,7 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6, output_dtype: Optional[torch.dtyp
 
     Source: the "qk l2norm" of Gated DeltaNet (Yang et al., 2024) and Kimi Delta Attention.
     """
-    return l2norm_op(x, float(eps), output_dtype)[0]
+    return _l2norm(x, float(eps), output_dtype)[0]
 
 
 def l2norm_fwd(x: torch.Tensor, eps: float = 1e-6, output_dtype: Optional[torch.dtype] = None):
@@ -226,10 +228,11 @@ def _rmsnorm_ww_backward(ctx, drstd, dy):
         dy = None
     if drstd is None and dy is None:
         return None, None, None, None
-    return rmsnorm_without_weight_bwd_op(x, drstd, dy, ctx.eps), None, None, None
+    return call_op(ctx, rmsnorm_without_weight_bwd_op, x, drstd, dy, ctx.eps), None, None, None
 
 
 rmsnorm_without_weight_op.register_autograd(_rmsnorm_ww_backward, setup_context=_rmsnorm_ww_setup)
+_rmsnorm_without_weight = eager_autograd(rmsnorm_without_weight_op, _rmsnorm_ww_setup, _rmsnorm_ww_backward)
 
 
 def rmsnorm_without_weight(x: torch.Tensor, eps: float = 1e-6, return_normalized: bool = False,
@@ -265,7 +268,7 @@ def rmsnorm_without_weight(x: torch.Tensor, eps: float = 1e-6, return_normalized
             raise ValueError(f"rmsnorm_without_weight: pass eps or its alias norm_eps, not both "
                              f"(got eps={eps}, norm_eps={norm_eps})")
         eps = norm_eps
-    rstd, y = rmsnorm_without_weight_op(x, float(eps), bool(return_normalized), rstd_dtype)
+    rstd, y = _rmsnorm_without_weight(x, float(eps), bool(return_normalized), rstd_dtype)
     return (rstd, y) if return_normalized else rstd
 
 
@@ -307,11 +310,12 @@ def _rms_norm_setup(ctx, inputs, output):
 def _rms_norm_backward(ctx, dy):
     x, weight = ctx.saved_tensors
     need_dw = ctx.has_weight and ctx.needs_input_grad[1]
-    dx, dw = rms_norm_bwd_op(dy, x, weight, ctx.eps, ctx.offset, need_dw)
+    dx, dw = call_op(ctx, rms_norm_bwd_op, dy, x, weight, ctx.eps, ctx.offset, need_dw)
     return dx, (dw if need_dw else None), None, None
 
 
 rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
+_rms_norm = eager_autograd(rms_norm_op, _rms_norm_setup, _rms_norm_backward)
 
 
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6,
@@ -340,4 +344,4 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
 
     Source: Zhang & Sennrich, "Root Mean Square Layer Normalization" (2019); Gemma's ``1 + w``.
     """
-    return rms_norm_op(x, weight, float(eps), float(offset))
+    return _rms_norm(x, weight, float(eps), float(offset))

@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from ... import backends
+from ..common import call_op, run_op
 from . import inplace_rope as _launch
 from . import reference as _ref
 
@@ -66,7 +67,7 @@ def _bwd_setup(ctx, inputs, output):
 def _bwd_backward(ctx, ddx):
     # the backward is linear in dy (a rotation by the opposite angle): its own vjp is the forward rotation
     cos, sin, position_ids = ctx.saved_tensors
-    return inplace_rope_bwd_op(ddx, cos, sin, position_ids, not ctx.inverse), None, None, None, None
+    return call_op(ctx, inplace_rope_bwd_op, ddx, cos, sin, position_ids, not ctx.inverse), None, None, None, None
 
 
 inplace_rope_bwd_op.register_autograd(_bwd_backward, setup_context=_bwd_setup)
@@ -83,7 +84,8 @@ class InplaceRopeFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, cos, sin, position_ids, inverse, inplace_backward):
-        inplace_rope_op(x, cos, sin, position_ids, inverse)
+        ctx.eager = not torch.compiler.is_compiling()
+        run_op(inplace_rope_op, x, cos, sin, position_ids, inverse)
         ctx.mark_dirty(x)
         ctx.save_for_backward(cos, sin, position_ids)
         ctx.inverse = inverse
@@ -94,10 +96,10 @@ class InplaceRopeFunction(torch.autograd.Function):
     def backward(ctx, dy):
         cos, sin, position_ids = ctx.saved_tensors
         if _rotate_in_place(dy, ctx.inplace_backward):
-            inplace_rope_op(dy, cos, sin, position_ids, not ctx.inverse)
+            call_op(ctx, inplace_rope_op, dy, cos, sin, position_ids, not ctx.inverse)
             dx = dy
         else:
-            dx = inplace_rope_bwd_op(dy, cos, sin, position_ids, ctx.inverse)
+            dx = call_op(ctx, inplace_rope_bwd_op, dy, cos, sin, position_ids, ctx.inverse)
         return dx, None, None, None, None, None
 
 
@@ -145,5 +147,5 @@ def inplace_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position
         return InplaceRopeFunction.apply(x, cos, sin, position_ids, bool(inverse), bool(inplace_backward))
     # nothing to differentiate: the op alone (Dynamo traces ``ctx.mark_dirty`` only when the Function
     # is recorded for autograd, so a no-grad call must not go through it)
-    inplace_rope_op(x, cos, sin, position_ids, bool(inverse))
+    run_op(inplace_rope_op, x, cos, sin, position_ids, bool(inverse))
     return x

@@ -22,7 +22,7 @@ def dummy():
     backends.registered_ops()  # load the real families first
     impl = backends.register(DUMMY, "reference", forward=lambda x: x)
     yield impl
-    backends._REGISTRY.pop(DUMMY, None)
+    backends.unregister(DUMMY)
 
 
 def test_families_registered():
@@ -175,7 +175,7 @@ def test_register_default_priorities(dummy):
         c = backends.register(DUMMY, "cuda", forward=lambda x: x, archs=["sm90"])
         assert t.priority == 0 and c.priority == 10 and c.archs == frozenset({"sm90"})
     finally:
-        backends._REGISTRY.pop(DUMMY, None)
+        backends.unregister(DUMMY)
 
 
 def test_arch_restricted_override_raises(dummy):
@@ -194,11 +194,15 @@ def test_cuda_default_prefers_priority_and_arch(dummy, monkeypatch):
     arch = {"value": "sm90"}
     monkeypatch.setattr(backends, "device_arch", lambda d: arch["value"])
     dev = torch.device("cuda")
+    backends.clear_cache()
     assert backends.select(DUMMY, dev) == "cuda"
     arch["value"] = "sm80"  # cuda impl is Hopper-only -> generic triton
+    backends.clear_cache()
     assert backends.select(DUMMY, dev) == "triton"
     available.discard("triton")  # nothing GPU-capable left -> reference
+    backends.clear_cache()
     assert backends.select(DUMMY, dev) == "reference"
+    backends.clear_cache()
 
 
 def test_device_arch_cpu():

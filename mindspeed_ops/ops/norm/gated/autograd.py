@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .... import backends
+from ...common import call_op, eager_autograd
 from ....validation import check_choice
 from . import reference as _ref
 from . import rms_norm_gated as _launch
@@ -102,14 +103,15 @@ def _backward(ctx, dy, dres):
     prenorm = ctx.options[5]
     if dy is None:
         dy = torch.zeros_like(x)
-    dx, dg, dw, db, dr = rms_norm_gated_bwd_op(dy, dres if prenorm else None, x, g, weight, bias, residual,
-                                               *ctx.options)
+    dx, dg, dw, db, dr = call_op(ctx, rms_norm_gated_bwd_op, dy, dres if prenorm else None, x, g, weight, bias,
+                                 residual, *ctx.options)
     has_w, has_b, has_r = ctx.present
     return (dx, dg, dw if has_w else None, db if has_b else None, dr if has_r else None,
             None, None, None, None, None, None, None)
 
 
 rms_norm_gated_op.register_autograd(_backward, setup_context=_setup)
+_rms_norm_gated = eager_autograd(rms_norm_gated_op, _setup, _backward)
 
 
 def rms_norm_gated(x: torch.Tensor, g: torch.Tensor, weight: Optional[torch.Tensor] = None,
@@ -165,8 +167,8 @@ def rms_norm_gated(x: torch.Tensor, g: torch.Tensor, weight: Optional[torch.Tens
     except (TypeError, ValueError):
         raise ValueError(f"{OP}: eps must be a finite number >= 0 and group_size None or an int, "
                          f"got eps={eps!r}, group_size={group_size!r}") from None
-    y, ro = rms_norm_gated_op(x, g, weight, bias, residual, eps, activation, group_size,
-                              bool(norm_before_gate), casting, bool(prenorm), bool(residual_in_fp32))
+    y, ro = _rms_norm_gated(x, g, weight, bias, residual, eps, activation, group_size,
+                            bool(norm_before_gate), casting, bool(prenorm), bool(residual_in_fp32))
     return (y, ro) if prenorm else y
 
 
