@@ -135,6 +135,23 @@ def bench_ms(fn: Callable[[], Any], device: str, warmup: int = 25, rep: int = 10
     return Timing(statistics.median(times), q[1], q[7], len(times))
 
 
+def graph_ms(fn: Callable[[], Any], device: str, rep: int = 100, no_grad: bool = False) -> Optional[float]:
+    """GPU time of ``fn`` without host overhead: median of CUDA-graph replays
+    (``triton.testing.do_bench_cudagraph``). ``None`` where capture is not possible."""
+    if device != "cuda":
+        return None
+    import contextlib
+
+    import torch
+    from triton.testing import do_bench_cudagraph
+
+    try:
+        with torch.no_grad() if no_grad else contextlib.nullcontext():
+            return float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+    except Exception:  # noqa: BLE001 - some baselines cannot be captured (host syncs)
+        return None
+
+
 def sync(device: str) -> None:
     import torch
 
@@ -374,6 +391,7 @@ def measure_case(case: Case, device: str, copy_gbs: Optional[float], directions=
                     else:
                         t = bench_ms(run, device, warmup, rep)
                         mem = peak_extra_bytes(lambda _: run(), device)
+                    row["graph_ms"] = graph_ms(run, device, rep, no_grad=direction == "fwd")
                     del run
                 row.update(median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms)
                 row["gbs"] = row["bytes"] / (t.median_ms * 1e-3) / 1e9
@@ -421,6 +439,7 @@ COLUMNS = [
     ("MB moved", lambda r: _fmt(r["bytes"] / 1e6, ".1f")),
     ("GB/s", lambda r: _fmt(r["gbs"], ".0f")),
     ("% copy", lambda r: _fmt(None if r["frac_copy"] is None else 100 * r["frac_copy"], ".1f")),
+    ("graph ms", lambda r: _fmt(r.get("graph_ms"), ".4f")),
     ("peak extra MiB", lambda r: _fmt(r["peak_extra_mib"], ".1f")),
     ("base/ours", lambda r: _fmt(r.get("vs_ours"), ".2f")),
     ("rel err vs eager", lambda r: _fmt(r["relerr"], ".1e")),
@@ -483,19 +502,23 @@ def summary_table(rows: list) -> str:
             keys.append(k)
         if r["kind"] != "ours" and r["impl"] not in impls:
             impls.append(r["impl"])
-    head = ["op", "case", "shape", "dir", "ours ms", "ours % copy"] + [f"{i} / ours" for i in impls]
+    head = ["op", "case", "shape", "dir", "ours ms", "ours % copy", "ours graph ms", "graph % copy"] + \
+        [f"{i} / ours" for i in impls]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k in keys:
         group = {r["impl"]: r for r in rows if (r["op"], r["variant"], r["shape"], r["direction"]) == k}
         ours = next((r for r in group.values() if r["kind"] == "ours"), None)
         cells = list(k)
         if ours is None:
-            cells += ["n/a", "-"]
+            cells += ["n/a", "-", "-", "-"]
         elif ours["median_ms"] is None:
-            cells += ["x", "-"]
+            cells += ["x", "-", "-", "-"]
         else:
+            g = ours.get("graph_ms")
+            gfrac = None if not (g and ours["frac_copy"]) else 100 * ours["frac_copy"] * ours["median_ms"] / g
             cells += [f"{ours['median_ms']:.4f}",
-                      _fmt(None if ours["frac_copy"] is None else 100 * ours["frac_copy"], ".1f")]
+                      _fmt(None if ours["frac_copy"] is None else 100 * ours["frac_copy"], ".1f"),
+                      _fmt(g, ".4f"), _fmt(gfrac, ".1f")]
         for i in impls:
             r = group.get(i)
             cells.append("" if r is None else ("x" if r["error"] else _fmt(r.get("vs_ours"), ".2f")))

@@ -516,7 +516,10 @@ def render(args, info, copy_gbs, dtype, rows, notes, peers, ref_notes, final: bo
         "Columns: median ms of `triton.testing.do_bench` (L2 flushed before each call), p20-p80 spread, the "
         "minimum bytes (formulas below), achieved GB/s and % of the copy bandwidth above, extra peak memory "
         "of one call (max allocated minus allocated before it: outputs and temporaries), base ms / ours ms "
-        "(> 1: ours faster), rel RMS error of the forward output vs the eager reference (sanity only).",
+        "(> 1: ours faster), rel RMS error of the forward output vs the eager reference (sanity only). "
+        "`graph ms` is the median of CUDA-graph replays of the same call (`triton.testing.do_bench_cudagraph`): "
+        "GPU time without host overhead; `ms` includes the host time of the Python call when that is longer "
+        "than the GPU work (small shapes).",
         "fwd+bwd runs one forward and one `torch.autograd.grad` through a fresh graph (no .grad "
         "accumulation); for the in-place RoPE it is the in-place forward plus a backward timed with "
         "retain_graph (base -> clone -> rope, so x is not a leaf).",

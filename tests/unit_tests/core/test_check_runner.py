@@ -84,7 +84,7 @@ def test_wrong_gradient_fails_with_reason():
                      lambda x, y, alpha: x * 2, grad_inputs=("x",))
     r = cr.run_case(case, DEVICE, torch.float32, small=True, repeats=0)
     assert not r.passed and r.fwd_rel_rms == 0.0
-    assert r.reason.startswith("dx: rel_rms 5.0") and r.grad_rel_rms == pytest.approx(5e-3, rel=1e-6)
+    assert r.reason.startswith("dx: rel_rms 5.0") and r.grad_rel_rms == pytest.approx(5e-3, rel=1e-4)
 
 
 def test_raising_case_is_a_fail_row_not_a_crash():
@@ -207,7 +207,11 @@ def test_select_cases():
 
 
 def test_prepare_device(monkeypatch):
+    import numpy as np
+
     assert cr.default_device() == DEVICE
+    # prepare_device refuses the interpreter on numpy >= 2.4 (trap 5); pretend to have a good numpy
+    monkeypatch.setattr(np, "__version__", "2.3.5")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert cr.prepare_device("cpu") is True
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # an explicit 0 is respected
