@@ -11,10 +11,12 @@ same order whatever the batch: row ``r`` is bitwise the same in a call of 1 row 
   ``BM = max(1, 4096 // BD)`` whole rows per program (at least 4,096 elements a program, 16 per
   thread: two 16-byte loads of bf16) and ``num_warps = BM·BD / 512`` clamped to [4, 32]. The
   forward reads ``x`` once and writes ``y`` once (~48 registers: five programs an SM); the
-  backward reads ``x``, ``dy`` once and writes ``dx`` once. With a weight, the backward is a
-  persistent grid of ~16 warps an SM (its register budget), each program over a contiguous range
-  of row blocks, keeping its fp32 ``Σ dy ⊙ x̂`` in registers: the partials are ``[programs, D]``
-  fp32 (~2 MB at D = 4096), summed by torch (deterministic two-stage reduction).
+  backward reads ``x``, ``dy`` once and writes ``dx`` once. With a weight gradient, the backward
+  is a persistent grid, each program over a contiguous range of row blocks, keeping its fp32
+  ``Σ dy ⊙ x̂`` in registers: the partials are ``[programs, D]`` fp32 (4-8 MB at D = 4096),
+  summed by torch (deterministic two-stage reduction). Its size is what the register file holds
+  (:func:`dw_maxnreg`: 16-bit inputs are capped at 64 registers for whole-row tiles, giving four
+  8-warp programs an SM; uncapped kernels get two).
 - longer rows: a statistics kernel walks each row in 4,096-element chunks, then an elementwise
   kernel on a (column chunk, row group) grid applies the statistics (one extra read of ``x``).
 """
@@ -49,10 +51,31 @@ def tile_config(D: int, max_tile: int = MAX_TILE) -> Optional[tuple[int, int, in
     return BM, BD, num_warps
 
 
-def _resident(num_warps: int) -> int:
-    """Programs of the persistent grids per SM: ~16 warps, what the register file holds for the
-    backward kernels (about 128 registers a thread with a weight, ptxas sm_90)."""
-    return max(1, 16 // num_warps)
+def _resident(num_warps: int, regs: int = 128) -> int:
+    """Programs of ``num_warps`` warps at ``regs`` registers a thread that one SM's 64K-register file
+    holds (the persistent grids launch this many per SM; 128 is the uncapped backward's budget)."""
+    return max(1, 65536 // (32 * num_warps * regs))
+
+
+def dw_maxnreg(BM: int, BD: int, elem_bytes: int, w_bytes: int = 2) -> Optional[int]:
+    """Register cap (``maxnreg``) of the tile backward with ``dweight``, or ``None`` (uncapped).
+
+    Uncapped, ptxas gives it 87-128 registers at 16 elements a thread (the fp32 ``dweight``
+    accumulator, ``x̂`` and ``g`` stay live through the row reductions): two 8-warp programs an SM,
+    too few rows in flight to saturate HBM. With 16-bit inputs ptxas meets these caps without
+    spilling (it re-expands the packed bf16/fp16 inputs instead of keeping fp32 copies; checked on
+    sm_80/sm_90 with ``mindspeed-ops compile-check``): 64 for whole-row tiles (``BD >= 2048``,
+    four 8-warp programs an SM; 72 with an fp32 weight, three) and 80 for many-row tiles
+    (``BD <= 256``, three programs). The mid sizes and fp32 inputs spill under a cap and stay
+    uncapped. ``elem_bytes``: the larger of ``x``'s and ``dy``'s element sizes; ``w_bytes``: the weight's.
+    """
+    if elem_bytes != 2:
+        return None
+    if BD >= 2048 and BM <= 2:
+        return 64 if w_bytes <= 2 else 72
+    if BD <= 256:
+        return 80
+    return None
 
 
 def _dy_2d(dy: torch.Tensor, N: int, D: int) -> torch.Tensor:
@@ -146,8 +169,13 @@ def rows_backward(x2: torch.Tensor, dy2: Optional[torch.Tensor], weight: Optiona
     if cfg is not None:
         BM, BD, warps = cfg
         nblocks = tu.cdiv(N, BM)
+        opts = {}
         if need_dw:
-            progs = min(nblocks, tu.num_sms(dev) * _resident(warps))
+            elem = max(x2.element_size(), dy2.element_size())
+            cap = dw_maxnreg(BM, BD, elem, w.element_size())
+            if cap is not None:
+                opts["maxnreg"] = cap
+            progs = min(nblocks, tu.num_sms(dev) * _resident(warps, cap or 128))
             bpp = tu.cdiv(nblocks, progs)
             progs = tu.cdiv(nblocks, bpp)
             dwp = torch.empty(progs, D, dtype=torch.float32, device=dev)
@@ -157,7 +185,7 @@ def rows_backward(x2: torch.Tensor, dy2: Optional[torch.Tensor], weight: Optiona
             x2, dummy if dy2 is None else dy2, dummy if w is None else w, dummy if rstd is None else rstd,
             dummy if dr is None else dr, dx, dwp, N, D, x2.stride(0), sdy[0], sdy[1], sdr, dx.stride(0),
             float(inv_n), float(eps), float(offset), bpp, HAS_DW=need_dw, RSTD_GIVEN=rstd is not None,
-            X_IS_NORMALIZED=x_is_normalized, BM=BM, BD=BD, num_warps=warps, **flags)
+            X_IS_NORMALIZED=x_is_normalized, BM=BM, BD=BD, num_warps=warps, **opts, **flags)
     else:
         r32 = torch.empty(N, dtype=torch.float32, device=dev)
         c32 = torch.empty(N, dtype=torch.float32, device=dev)

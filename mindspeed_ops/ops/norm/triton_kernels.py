@@ -97,12 +97,15 @@ def norm_bwd_tile_kernel(X, DY, W, RSTD, DR, DX, DWP, N, D, stride_x, stride_dy_
     ``X_IS_NORMALIZED``, ``x̂`` itself (then ``RSTD_GIVEN`` must be set). ``DY`` has any strides
     (stride 0 included). ``HAS_DW``: this program's fp32 partial ``Σ dy ⊙ x̂`` over its rows goes to
     row ``pid`` of ``DWP`` (``[programs, D]``, contiguous); the launcher sums the partials.
+
+    Register budget (the persistent ``HAS_DW`` grid runs several programs an SM only if each stays
+    small): per element a thread keeps the ``dweight`` accumulator and, inside one block, ``x̂`` and
+    ``g``; ``w`` is re-read from L1/L2 each block instead of living across the loop, ``dy`` is folded
+    into the accumulator as soon as ``x̂`` is known, and both loads of a block are issued together.
     """
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BD)
     cmask = cols < D
-    if HAS_W:
-        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
     if HAS_DW:
         acc_dw = tl.zeros([BM, BD], dtype=tl.float32)
     for b in range(0, blocks_per_prog):
@@ -110,6 +113,9 @@ def norm_bwd_tile_kernel(X, DY, W, RSTD, DR, DX, DWP, N, D, stride_x, stride_dy_
         rmask = rows < N
         mask = rmask[:, None] & cmask[None, :]
         x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_DY:
+            dy = tl.load(DY + rows[:, None] * stride_dy_row + cols[None, :].to(tl.int64) * stride_dy_col,
+                         mask=mask, other=0.0).to(tl.float32)
         if RSTD_GIVEN:
             r = tl.load(RSTD + rows, mask=rmask, other=0.0).to(tl.float32)
         else:
@@ -119,10 +125,15 @@ def norm_bwd_tile_kernel(X, DY, W, RSTD, DR, DX, DWP, N, D, stride_x, stride_dy_
         else:
             xhat = x * r[:, None]
         if HAS_DY:
-            dy = tl.load(DY + rows[:, None] * stride_dy_row + cols[None, :].to(tl.int64) * stride_dy_col,
-                         mask=mask, other=0.0).to(tl.float32)
+            if HAS_DW:
+                acc_dw += tl.where(mask, dy * xhat, 0.0)
             if HAS_W:
-                g = dy * w[None, :]
+                if BM == 1:  # loaded in the tile's own layout: no layout conversion of a [BD] vector
+                    w = tl.load(W + cols[None, :], mask=cmask[None, :], other=0.0).to(tl.float32) + offset
+                    g = dy * w
+                else:
+                    w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
+                    g = dy * w[None, :]
             else:
                 g = dy
         else:
@@ -134,8 +145,6 @@ def norm_bwd_tile_kernel(X, DY, W, RSTD, DR, DX, DWP, N, D, stride_x, stride_dy_
             extra = tl.zeros([BM], dtype=tl.float32)
         dx = rms_bwd_rows(g, xhat, r, extra, inv_n)
         tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-        if HAS_DW:
-            acc_dw += tl.where(mask, dy * xhat, 0.0)
     if HAS_DW:
         tl.store(DWP + pid * D + cols, tl.sum(acc_dw, axis=0), mask=cmask)
 
