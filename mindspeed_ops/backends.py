@@ -229,7 +229,7 @@ def use_backend(name: str, ops: Optional[Iterable[str]] = None) -> Iterator[None
         _OVERRIDES.reset(token)
 
 
-_FAMILIES = ("activation", "norm", "norm.gated", "rope")
+_FAMILIES = ("activation", "norm", "norm.gated", "rope", "loss")
 _loaded = False
 
 

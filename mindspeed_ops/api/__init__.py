@@ -1,6 +1,9 @@
 """Public API: every operator re-exported flat (``api.<name>``); explicit-backend paths in
 ``api.triton.<module>`` / ``api.tilelang.<module>`` (MindSpeed-compatible, SPEC 2.1)."""
+from .triton.chunk_loss import chunk_loss
 from .triton.clipped_swiglu import clipped_swiglu
+from .triton.fused_cross_entropy_loss import (FusedCrossEntropyLoss, FusedCrossEntropyLossFunction,
+                                              fused_cross_entropy_loss)
 from .triton.inplace_rope import inplace_rope
 from .triton.l2norm import L2Norm, l2norm, l2norm_bwd, l2norm_fwd
 from .triton.rms_norm import rms_norm
@@ -9,6 +12,7 @@ from .triton.rmsnorm_without_weight import rmsnorm_without_weight
 from .triton.utils import get_available_device, prepare_chunk_indices
 
 __all__ = [
+    "chunk_loss", "fused_cross_entropy_loss", "FusedCrossEntropyLoss", "FusedCrossEntropyLossFunction",
     "clipped_swiglu", "inplace_rope", "l2norm", "l2norm_fwd", "l2norm_bwd", "L2Norm", "rms_norm",
     "rmsnorm_without_weight", "rms_norm_gated", "FusedRMSNormGated", "get_available_device", "prepare_chunk_indices",
 ]
