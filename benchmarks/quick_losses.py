@@ -17,7 +17,7 @@ def measure(name, fn, nbytes=None):
     fn()
     torch.cuda.synchronize()
     extra = (torch.cuda.max_memory_allocated() - base) / 2**20
-    bw = f"  {nbytes / ms / 1e9:7.0f} GB/s" if nbytes else ""
+    bw = f"  {nbytes / (ms * 1e-3) / 1e9:7.0f} GB/s" if nbytes else ""
     print(f"{name:58s} {ms:9.3f} ms  peak extra {extra:9.1f} MiB{bw}", flush=True)
 
 

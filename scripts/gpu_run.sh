@@ -16,8 +16,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
 rc=0
 if [[ $what == tests || $what == all ]]; then
-  python3 -m pytest -q -p no:cacheprovider -n 8 --timeout 900 -rfE "${@:-tests}" 2>&1 | tee "$OUT/pytest.log" | tail -40
-  rc=$(( rc | ${PIPESTATUS[0]} ))
+  # -v into the log: PASSED/FAILED lines arrive as tests finish, so a run cut short still names its failures
+  python3 -m pytest -v -p no:cacheprovider -n 8 --timeout 300 -rfE --junitxml="$OUT/junit.xml" "${@:-tests}" \
+    > "$OUT/pytest.log" 2>&1
+  rc=$(( rc | $? ))
+  grep -E "^(FAILED|ERROR)|(FAILED|ERROR) tests/" "$OUT/pytest.log" | sort -u | head -60
+  tail -3 "$OUT/pytest.log"
 fi
 if [[ $what == check || $what == all ]]; then
   python3 -m mindspeed_ops check --json "$OUT/check.json" 2>&1 | tee "$OUT/check.log" | tail -60
