@@ -33,3 +33,15 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return DEVICE
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every ``torch.empty`` float buffer starts NaN-filled, so unwritten output elements are caught."""
+    real = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)

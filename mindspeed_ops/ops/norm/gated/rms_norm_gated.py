@@ -107,6 +107,16 @@ def _vec(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else tu.kernel_input(t).contiguous()
 
 
+
+def _kernel_operands(x, g, residual, weight, bias, N):
+    """Row views (bf16 widened under the interpreter) and parameter vectors the kernels read:
+    ``(D, groups per row, rows, x, g, residual, weight, bias)``."""
+    D = x.shape[-1]
+    xk = rows_2d(tu.kernel_input(x))
+    gk = rows_2d(tu.kernel_input(g))
+    rk = None if residual is None else rows_2d(tu.kernel_input(residual))
+    return D, D // N, xk.shape[0], xk, gk, rk, _vec(weight), _vec(bias)
+
 def forward(x: torch.Tensor, g: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
             residual: Optional[torch.Tensor], eps: float, activation: str, group_size: Optional[int],
             norm_before_gate: bool, casting: str, prenorm: bool, residual_in_fp32: bool):
@@ -114,13 +124,7 @@ def forward(x: torch.Tensor, g: torch.Tensor, weight: Optional[torch.Tensor], bi
     N = check_args(x, g, weight, bias, residual, eps, activation, group_size, norm_before_gate, casting)
     from .triton_kernels import gated_fwd_looped_kernel, gated_fwd_tile_kernel
 
-    D = x.shape[-1]
-    NG = D // N
-    xk = rows_2d(tu.kernel_input(x))
-    M = xk.shape[0]
-    gk = rows_2d(tu.kernel_input(g))
-    rk = None if residual is None else rows_2d(tu.kernel_input(residual))
-    wk, bk = _vec(weight), _vec(bias)
+    D, NG, M, xk, gk, rk, wk, bk = _kernel_operands(x, g, residual, weight, bias, N)
     res_dt = residual_dtype(x.dtype, residual_in_fp32)
     y = _empty(M, D, dtype=tu.kernel_dtype(x.dtype), device=x.device)
     ro = _empty(M, D, dtype=tu.kernel_dtype(res_dt), device=x.device) if prenorm else None
@@ -159,14 +163,8 @@ def backward(dy: torch.Tensor, dres: Optional[torch.Tensor], x: torch.Tensor, g:
     """
     from .triton_kernels import gated_bwd_looped_kernel, gated_bwd_tile_kernel
 
-    D = x.shape[-1]
-    N = D if group_size is None else int(group_size)
-    NG = D // N
-    xk = rows_2d(tu.kernel_input(x))
-    M = xk.shape[0]
-    gk = rows_2d(tu.kernel_input(g))
-    rk = None if residual is None else rows_2d(tu.kernel_input(residual))
-    wk, bk = _vec(weight), _vec(bias)
+    N = x.shape[-1] if group_size is None else int(group_size)
+    D, NG, M, xk, gk, rk, wk, bk = _kernel_operands(x, g, residual, weight, bias, N)
     dyk = _grad_rows(dy, M, D)
     drok = _grad_rows(dres, M, D) if (prenorm and dres is not None) else None
     dev = x.device

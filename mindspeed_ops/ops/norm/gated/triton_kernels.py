@@ -66,12 +66,9 @@ def round_to(x, CODE: tl.constexpr):
 
 @triton.jit
 def act_fwd(gate, ACT: tl.constexpr):
-    """``act(g)``: ``g·σ(g)`` (swish/silu) or ``σ(g)`` (sigmoid), fp32."""
-    s = sigmoid_f32(gate)
-    if ACT == 0:
-        a = gate * s
-    else:
-        a = s
+    """``act(g)``: ``g·σ(g)`` (swish/silu) or ``σ(g)`` (sigmoid), fp32 (the unused derivative is
+    dead code the compiler drops)."""
+    a, _ = act_fwd_bwd(gate, ACT)
     return a
 
 
