@@ -218,10 +218,15 @@ def use_backend(name: str, ops: Optional[Iterable[str]] = None) -> Iterator[None
     """Run the enclosed code with backend ``name`` (for ``ops`` only, or every op when ``None``).
 
     Example: ``with mindspeed_ops.use_backend("reference"): y = api.l2norm(x)``.
-    Raises ``ValueError`` for an unknown backend name; availability is checked when an op runs.
+    Raises ``ValueError`` for an unknown backend or op name; availability is checked when an op runs.
     """
     if name not in BACKENDS:
         raise ValueError(f"use_backend: name must be one of {BACKENDS}, got {name!r}")
+    if ops is not None:
+        ops = [ops] if isinstance(ops, str) else list(ops)
+        unknown = sorted(set(ops) - set(registered_ops()))
+        if unknown:
+            raise ValueError(f"use_backend: unknown op name(s) {unknown}; known: {', '.join(registered_ops())}")
     token = _OVERRIDES.set(_OVERRIDES.get() + ((name, None if ops is None else frozenset(ops)),))
     try:
         yield

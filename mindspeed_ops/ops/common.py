@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Callable, Iterator, Optional, Sequence
 
 import torch
@@ -64,7 +65,7 @@ def rows_2d(x: torch.Tensor) -> torch.Tensor:
     """``x`` as ``[rows, D]`` with unit stride on the last dim; a view when possible (any row stride),
     a copy otherwise. Kernels take the row stride, so padded/sliced rows are not copied."""
     d = x.shape[-1] if x.dim() else 1
-    y = x.reshape(-1, d)
+    y = x.reshape(math.prod(x.shape[:-1]), d)  # not -1: D == 0 must work too
     if y.stride(-1) != 1 and y.shape[-1] > 1:
         y = y.contiguous()
     return y

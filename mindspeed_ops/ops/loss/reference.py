@@ -7,6 +7,8 @@ gather, so autograd through it is the backward oracle.
 """
 from __future__ import annotations
 
+import contextlib
+
 from typing import Optional
 
 import torch
@@ -135,10 +137,18 @@ def fused_cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, loss_we
     return (loss, lse) if return_lse else loss
 
 
+def autocast_off(device_type: str):
+    """``torch.autocast(device_type, enabled=False)``, or nothing where the device has no autocast
+    (``meta``: shape-only calls must work)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
 def compute_dtype(hidden: torch.Tensor) -> torch.dtype:
     """chunk_loss compute dtype: the autocast dtype when autocast is on for the device, else ``hidden.dtype``."""
     dev = hidden.device.type
-    if hidden.dtype != torch.float64 and torch.is_autocast_enabled(dev):
+    if hidden.dtype != torch.float64 and torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
         return torch.get_autocast_dtype(dev)
     return hidden.dtype
 
@@ -154,7 +164,7 @@ def chunk_loss_core(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
     in that precision.
     """
     acc = _acc_dtype(hidden, weight)
-    with torch.autocast(hidden.device.type, enabled=False):
+    with autocast_off(hidden.device.type):
         h = hidden if hidden.dtype == compute_dtype else hidden.to(compute_dtype)
         w = weight if weight.dtype == compute_dtype else weight.to(compute_dtype)
         h, w = h.to(acc), w.to(acc)
@@ -205,7 +215,7 @@ def chunk_loss_grads(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
     ``G·W``, ``Gᵀ·hidden``, ``Σ_rows G`` in fp32 (float64); each returned in its input's dtype (None
     where not in ``need`` or no bias). The reference backend's path (see :func:`cross_entropy_grad`)."""
     acc = _acc_dtype(hidden, weight)
-    with torch.autocast(hidden.device.type, enabled=False):
+    with autocast_off(hidden.device.type):
         h = (hidden if hidden.dtype == compute_dtype else hidden.to(compute_dtype)).detach().to(acc)
         w = (weight if weight.dtype == compute_dtype else weight.to(compute_dtype)).detach().to(acc)
         N = h.shape[0]

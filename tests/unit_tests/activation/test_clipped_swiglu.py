@@ -173,3 +173,11 @@ def test_reference_backend_gradients():
     (xr,) = to_ref(x, requires_grad=True)
     ref.clipped_swiglu(xr).sum().backward()
     assert_close("reference-backend dx", xr.grad, x.grad, "E-bwd")
+
+
+def test_empty_last_dim():
+    """Regression: a [4, 0] input crashed in the Triton launcher (reshape(-1, 0))."""
+    x = torch.empty(4, 0, device=DEVICE, requires_grad=True)
+    y = api.clipped_swiglu(x)
+    y.sum().backward()
+    assert y.shape == (4, 0) and x.grad.shape == (4, 0)

@@ -106,7 +106,7 @@ def test_use_backend_ops_filter(dummy):
         assert backends.select(OP, "cpu") == "reference"
         with use_backend("triton", ops=[DUMMY]):  # not about OP: the outer override still applies
             assert backends.select(OP, "cpu") == "reference"
-    with use_backend("reference", ops=["some_other_op"]):
+    with use_backend("reference", ops=[DUMMY]):  # another op only
         assert backends.select(OP, "cpu") == "triton"
 
 
@@ -242,3 +242,10 @@ def test_inner_global_override_without_impl_does_not_raise(dummy):
     with use_backend("reference", ops=[DUMMY]):
         with use_backend("triton"):  # global, and DUMMY has no triton implementation
             assert backends.select(DUMMY, "cpu") == "reference"
+
+
+def test_use_backend_rejects_unknown_op_names():
+    """Regression: a typo in ops=[...] silently did nothing."""
+    with pytest.raises(ValueError, match=r"unknown op name\(s\) \['l2normx'\]"):
+        with use_backend("reference", ops=["l2normx"]):
+            pass

@@ -372,3 +372,10 @@ def test_large_logical_logits():
     lr.backward(g[tail].double())
     assert_close("last rows loss", lr, loss[tail], "STAT")
     assert_close("last rows dhidden", hr.grad, hh.grad[tail], "E-bwd")
+
+
+def test_meta_device_shapes():
+    """Regression: chunk_loss on 'meta' tensors failed in the autocast lookup."""
+    loss = chunk_loss(torch.empty(3, 8, device="meta"), torch.empty(5, 8, device="meta"),
+                      torch.zeros(3, dtype=torch.long, device="meta"))
+    assert loss.device.type == "meta" and loss.shape == () and loss.dtype == torch.float32
