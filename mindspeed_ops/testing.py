@@ -32,6 +32,8 @@ ERR_ATOL: dict[torch.dtype, float] = {torch.float32: 1e-6, torch.float16: 1e-5, 
 
 def threshold(cls: str, dtype: torch.dtype) -> float:
     """Threshold of class ``cls`` (a key of :data:`THRESHOLDS`) for ``dtype`` (float64 keys as fp32)."""
+    if cls == "EXACT":
+        return 0.0  # bitwise, for every dtype (integers and data movement included)
     if dtype == torch.float64:
         dtype = torch.float32
     try:

@@ -1,0 +1,5 @@
+from ...ops.moe import (moe_sort_chunks_by_index, moe_sort_chunks_by_index_with_probs, sort_chunks_by_idx,
+                        sort_chunks_by_idx_with_probs)
+
+__all__ = ["sort_chunks_by_idx", "sort_chunks_by_idx_with_probs", "moe_sort_chunks_by_index",
+           "moe_sort_chunks_by_index_with_probs"]

@@ -1,0 +1,170 @@
+"""Host launchers for ``sort_chunks_by_idx`` / ``sort_chunks_by_idx_with_probs`` (SPEC 1.6):
+argument checks, the word view that makes the copy bitwise and wide, tiling, grids."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ... import triton_utils as tu
+from ...validation import check_tensor, shape_str
+
+OP = "sort_chunks_by_idx"
+OP_PROBS = "sort_chunks_by_idx_with_probs"
+
+INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+#: up to this many splits a program finds its rows' chunks with one vector load and a compare-count;
+#: beyond it, with a binary search over ``out_end``
+SEARCH_BLOCK_MAX = 1024
+#: bytes of one row segment and of one [BM, BW] tile per loop step of the copy kernel
+_SEGMENT_BYTES = 4096
+_TILE_BYTES = 32768
+_WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def _is_real(t: torch.Tensor) -> bool:
+    """A tensor with data on the host (not fake/meta): its values can be checked without a sync."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t.device.type == "cpu" and not is_fake(t)
+
+
+def check_args(inp: torch.Tensor, probs: Optional[torch.Tensor], split_sizes: torch.Tensor,
+               sorted_idxs: torch.Tensor, op: str = OP) -> None:
+    """Validate the arguments (also on fake tensors under torch.compile). Values of ``split_sizes`` and
+    ``sorted_idxs`` are checked when they live on the host (SPEC 1.6); device ones are trusted."""
+    check_tensor(op, "inp", inp, dtypes=None, min_ndim=1)
+    for name, t in (("split_sizes", split_sizes), ("sorted_idxs", sorted_idxs)):
+        check_tensor(op, name, t, dtypes=INT_DTYPES, ndim=1)
+        if t.device.type != "cpu" and t.device != inp.device:
+            raise ValueError(f"{op}: {name} must be on the host or on {inp.device} (like inp), got {t.device}")
+    if sorted_idxs.shape[0] != split_sizes.shape[0]:
+        raise ValueError(f"{op}: sorted_idxs must have shape [num_splits] = [{split_sizes.shape[0]}] "
+                         f"(like split_sizes), got {shape_str(sorted_idxs.shape)}")
+    if probs is not None:
+        check_tensor(op, "probs", probs, dtypes=PROB_DTYPES, shape=(inp.shape[0],), shape_desc="[num_tokens]",
+                     device=inp.device)
+    num_tokens = inp.shape[0]
+    if _is_real(split_sizes):
+        sizes = split_sizes.tolist()
+        if any(s < 0 for s in sizes):
+            raise ValueError(f"{op}: split_sizes must be >= 0, got {_head(sizes)}")
+        if sum(sizes) > num_tokens:
+            raise ValueError(f"{op}: sum(split_sizes) must be <= num_tokens = {num_tokens}, got {sum(sizes)}")
+    if _is_real(sorted_idxs):
+        idxs = sorted_idxs.tolist()
+        if sorted(idxs) != list(range(len(idxs))):
+            raise ValueError(f"{op}: sorted_idxs must be a permutation of 0..{len(idxs) - 1}, got {_head(idxs)}")
+
+
+def _head(v: list) -> str:
+    return f"{v[:16]}{'...' if len(v) > 16 else ''}"
+
+
+def _word_view(x: torch.Tensor, max_word: int = 8) -> torch.Tensor:
+    """``x`` as ``[rows, words]`` of the widest integer type dividing its row bytes, row stride and
+    offset (a view when ``x`` can be one: any row stride, unit last stride; else a copy). Copying words
+    is bitwise for every dtype and lets one kernel specialization serve every dtype of a size."""
+    rows = x.shape[0]
+    cols = math.prod(x.shape[1:])
+    x2 = x.reshape(rows, cols)
+    if cols > 1 and x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    if cols == 1 and x2.stride(1) != 1:
+        x2 = x2.as_strided((rows, 1), (x2.stride(0), 1))
+    es = x2.element_size()
+    row_bytes, stride_bytes, off_bytes = cols * es, x2.stride(0) * es, x2.storage_offset() * es
+    w = next(w for w in (8, 4, 2, 1) if w <= max_word
+             and row_bytes % w == 0 and stride_bytes % w == 0 and off_bytes % w == 0 and x2.data_ptr() % w == 0)
+    return x2.view(torch.uint8).view(_WORDS[w])
+
+
+def _tables(split_sizes: torch.Tensor, sorted_idxs: torch.Tensor, M: int, device: torch.device) -> tuple:
+    """``(out_end, delta)`` on ``device`` (see triton_kernels), computed there without a host sync."""
+    from .triton_kernels import sort_chunks_tables_kernel
+
+    def idx(t):
+        return t if t.dtype in (torch.int32, torch.int64) else t.long()
+
+    sizes, order = idx(split_sizes), idx(sorted_idxs)
+    if sizes.device != device or order.device != device:
+        if sizes.device.type == "cpu" and order.device.type == "cpu":  # one host->device copy
+            packed = torch.stack([sizes.long(), order.long()]).to(device, non_blocking=True)
+            sizes, order = packed[0], packed[1]
+        else:
+            sizes, order = sizes.to(device, non_blocking=True), order.to(device, non_blocking=True)
+    NS = sizes.shape[0]
+    buf = torch.empty(3 * NS + 1, dtype=torch.int64, device=device)
+    in_start, out_end, delta = buf[:NS], buf[NS:2 * NS], buf[2 * NS:]
+    block = min(tu.next_power_of_2(max(NS, 1)), 1024)
+    sort_chunks_tables_kernel[(1,)](sizes, order, in_start, out_end, delta, NS, M, BLOCK=block,
+                                    num_warps=4 if block <= 256 else 8)
+    return out_end, delta, NS
+
+
+def _tiles(W: int, word_bytes: int) -> tuple[int, int, int]:
+    """(rows, words, warps) of one copy step: row segments up to 4 KiB, ~32 KiB a tile."""
+    bw = min(tu.next_power_of_2(max(W, 1)), max(1, _SEGMENT_BYTES // word_bytes))
+    bm = max(1, min(64, _TILE_BYTES // (bw * word_bytes)))
+    bm = 1 << (bm.bit_length() - 1)
+    return bm, bw, 8 if bm * bw * word_bytes >= 16384 else 4
+
+
+def _permute(x: torch.Tensor, p: Optional[torch.Tensor], split_sizes: torch.Tensor, sorted_idxs: torch.Tensor,
+             reverse: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Forward (gather, ``reverse=False``) or inverse (scatter, ``reverse=True``) chunk permutation of the
+    rows of ``x`` (and of ``p``, ``[rows]``). Returns fresh contiguous tensors."""
+    from .triton_kernels import sort_chunks_copy_kernel
+
+    M = x.shape[0]
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    q = None if p is None else torch.empty(p.shape, dtype=p.dtype, device=p.device)
+    row_bytes = math.prod(x.shape[1:]) * x.element_size()
+    if M == 0 or (row_bytes == 0 and p is None):
+        return y, q
+    if row_bytes:
+        xw = _word_view(x)
+        yw = _word_view(y, xw.element_size())  # the same word size (y is contiguous: any x's one fits)
+    else:  # nothing to copy per row (the probs still move): dummy word buffers
+        xw = yw = torch.empty(M, 0, dtype=torch.uint8, device=x.device)
+    if p is not None:
+        pw, qw = p.view(_WORDS[p.element_size()]), q.view(_WORDS[q.element_size()])
+    else:
+        pw = qw = xw
+    W = xw.shape[1]
+    out_end, delta, NS = _tables(split_sizes, sorted_idxs, M, x.device)
+    search = NS > SEARCH_BLOCK_MAX
+    bm, bw, warps = _tiles(W, xw.element_size())
+    grid = (tu.cdiv(M, bm),)
+    sort_chunks_copy_kernel[grid](
+        xw, yw, pw, qw, out_end, delta, M, W, NS, xw.stride(0), yw.stride(0),
+        pw.stride(0) if p is not None else 0, qw.stride(0) if p is not None else 0,
+        HAS_PROBS=p is not None, REVERSE=reverse, SEARCH=search,
+        NS_BLOCK=1 if search else tu.next_power_of_2(max(NS, 1)), SEARCH_STEPS=max(NS, 1).bit_length() + 1,
+        BM=bm, BW=bw, num_warps=warps)
+    return y, q
+
+
+def forward(inp: torch.Tensor, split_sizes: torch.Tensor, sorted_idxs: torch.Tensor) -> torch.Tensor:
+    """The permuted rows of ``inp`` (arguments already checked by the op: :func:`check_args`)."""
+    return _permute(inp, None, split_sizes, sorted_idxs, False)[0]
+
+
+def forward_with_probs(inp: torch.Tensor, probs: torch.Tensor, split_sizes: torch.Tensor,
+                       sorted_idxs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _permute(inp, probs, split_sizes, sorted_idxs, False)
+
+
+def backward(dout: torch.Tensor, split_sizes: torch.Tensor, sorted_idxs: torch.Tensor) -> torch.Tensor:
+    """``d inp = Pᵀ dout``: the rows of ``dout`` scattered back to their source rows."""
+    return _permute(dout, None, split_sizes, sorted_idxs, True)[0]
+
+
+def backward_with_probs(dout: torch.Tensor, dprobs: torch.Tensor, split_sizes: torch.Tensor,
+                        sorted_idxs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _permute(dout, dprobs, split_sizes, sorted_idxs, True)
+
+
+__all__ = ["check_args", "forward", "forward_with_probs", "backward", "backward_with_probs"]
