@@ -1,5 +1,6 @@
 """Public API: every operator re-exported flat (``api.<name>``); explicit-backend paths in
 ``api.triton.<module>`` / ``api.tilelang.<module>`` (MindSpeed-compatible, SPEC 2.1)."""
+from .triton.chunk_local_cumsum import chunk_local_cumsum
 from .triton.chunk_loss import chunk_loss
 from .triton.clipped_swiglu import clipped_swiglu
 from .triton.fused_cross_entropy_loss import (FusedCrossEntropyLoss, FusedCrossEntropyLossFunction,
@@ -9,12 +10,13 @@ from .triton.l2norm import L2Norm, l2norm, l2norm_bwd, l2norm_fwd
 from .triton.rms_norm import rms_norm
 from .triton.rms_norm_gated import FusedRMSNormGated, rms_norm_gated
 from .triton.rmsnorm_without_weight import rmsnorm_without_weight
+from .triton.solve_tril import solve_tril
 from .triton.sort_chunks_by_idx import (moe_sort_chunks_by_index, moe_sort_chunks_by_index_with_probs,
                                         sort_chunks_by_idx, sort_chunks_by_idx_with_probs)
 from .triton.utils import get_available_device, prepare_chunk_indices
 
 __all__ = [
-    "chunk_loss", "fused_cross_entropy_loss", "FusedCrossEntropyLoss", "FusedCrossEntropyLossFunction",
+    "chunk_local_cumsum", "solve_tril", "chunk_loss", "fused_cross_entropy_loss", "FusedCrossEntropyLoss", "FusedCrossEntropyLossFunction",
     "clipped_swiglu", "inplace_rope", "l2norm", "l2norm_fwd", "l2norm_bwd", "L2Norm", "rms_norm",
     "rmsnorm_without_weight", "sort_chunks_by_idx", "sort_chunks_by_idx_with_probs", "moe_sort_chunks_by_index",
     "moe_sort_chunks_by_index_with_probs", "rms_norm_gated", "FusedRMSNormGated", "get_available_device", "prepare_chunk_indices",

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ...validation import check_cu_seqlens, check_positive
+from ...varlen import build_chunk_indices
 
 
 def get_available_device() -> str:
@@ -28,12 +29,7 @@ def prepare_chunk_indices(cu_seqlens: torch.Tensor, chunk_size: int) -> torch.Te
     """
     check_positive("prepare_chunk_indices", "chunk_size", chunk_size)
     check_cu_seqlens("prepare_chunk_indices", cu_seqlens, batch=1, total=int(cu_seqlens[-1]) if cu_seqlens.numel() else 0)
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-    n_chunks = (lens + chunk_size - 1) // chunk_size
-    seq_ids = torch.repeat_interleave(torch.arange(lens.numel(), device=cu_seqlens.device), n_chunks)
-    starts = torch.cumsum(n_chunks, 0) - n_chunks
-    chunk_ids = torch.arange(seq_ids.numel(), device=cu_seqlens.device) - torch.repeat_interleave(starts, n_chunks)
-    return torch.stack([seq_ids, chunk_ids], dim=1).to(torch.int32)
+    return build_chunk_indices(cu_seqlens, chunk_size)
 
 
 __all__ = ["get_available_device", "prepare_chunk_indices"]
