@@ -3,6 +3,7 @@
 from .triton.chunk_local_cumsum import chunk_local_cumsum
 from .triton.chunk_loss import chunk_loss
 from .triton.clipped_swiglu import clipped_swiglu
+from .triton.convolution import CausalConv1dFunction, causal_conv1d, causal_conv1d_fn
 from .triton.fused_cross_entropy_loss import (FusedCrossEntropyLoss, FusedCrossEntropyLossFunction,
                                               fused_cross_entropy_loss)
 from .triton.inplace_rope import inplace_rope
@@ -17,7 +18,7 @@ from .triton.utils import get_available_device, prepare_chunk_indices
 
 __all__ = [
     "chunk_local_cumsum", "solve_tril", "chunk_loss", "fused_cross_entropy_loss", "FusedCrossEntropyLoss", "FusedCrossEntropyLossFunction",
-    "clipped_swiglu", "inplace_rope", "l2norm", "l2norm_fwd", "l2norm_bwd", "L2Norm", "rms_norm",
+    "clipped_swiglu", "causal_conv1d", "CausalConv1dFunction", "causal_conv1d_fn", "inplace_rope", "l2norm", "l2norm_fwd", "l2norm_bwd", "L2Norm", "rms_norm",
     "rmsnorm_without_weight", "sort_chunks_by_idx", "sort_chunks_by_idx_with_probs", "moe_sort_chunks_by_index",
     "moe_sort_chunks_by_index_with_probs", "rms_norm_gated", "FusedRMSNormGated", "get_available_device", "prepare_chunk_indices",
 ]
