@@ -109,6 +109,21 @@ def causal_conv1d_fwd_kernel(x_ptr, w_ptr, b_ptr, r_ptr, s_ptr, y_ptr, cu_ptr, s
 
 
 @triton.jit
+def _sequence_bounds(cu_ptr, n, T, VARLEN: tl.constexpr):
+    """(start token, length, batch row) of sequence ``n`` (int64): a packed segment of ``cu_seqlens``
+    in varlen mode, else batch row ``n`` of length ``T``."""
+    if VARLEN:
+        st = tl.load(cu_ptr + n).to(tl.int64)
+        L = tl.load(cu_ptr + n + 1).to(tl.int64) - st
+        bb = n * 0
+    else:
+        st = n * 0
+        L = st + T
+        bb = n
+    return st, L, bb
+
+
+@triton.jit
 def causal_conv1d_final_state_kernel(x_ptr, s_ptr, f_ptr, cu_ptr, T, D, sxb, sxt, ssn, ssd, ssw,
                                      W: tl.constexpr, WP: tl.constexpr, HAS_STATE: tl.constexpr,
                                      VARLEN: tl.constexpr, BD: tl.constexpr):
@@ -118,14 +133,7 @@ def causal_conv1d_final_state_kernel(x_ptr, s_ptr, f_ptr, cu_ptr, T, D, sxb, sxt
     cmask = cols < D
     m = tl.arange(0, WP)
     mmask = m < W
-    if VARLEN:
-        st = tl.load(cu_ptr + n).to(tl.int64)
-        L = tl.load(cu_ptr + n + 1).to(tl.int64) - st
-        bb = n * 0
-    else:
-        st = n * 0
-        L = st + T
-        bb = n
+    st, L, bb = _sequence_bounds(cu_ptr, n, T, VARLEN)
     q = L - W + m
     v = _load_xt(x_ptr, s_ptr, n, bb, st, q, L, mmask, cols, cmask, sxb, sxt, ssn, ssd, ssw, W, HAS_STATE)
     tl.store(f_ptr + n * D * W + cols[None, :] * W + m[:, None], v.to(f_ptr.dtype.element_ty),
@@ -211,14 +219,7 @@ def causal_conv1d_bwd_state_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, df_ptr, d
     cmask = cols < D
     m = tl.arange(0, WP)
     mmask = m < W
-    if VARLEN:
-        st = tl.load(cu_ptr + n).to(tl.int64)
-        L = tl.load(cu_ptr + n + 1).to(tl.int64) - st
-        bb = n * 0
-    else:
-        st = n * 0
-        L = st + T
-        bb = n
+    st, L, bb = _sequence_bounds(cu_ptr, n, T, VARLEN)
     p = m.to(tl.int64) - W
     dx, gy = _dxt(x_ptr, s_ptr, w_ptr, b_ptr, dy_ptr, df_ptr, n, bb, st, p, L, mmask, cols, cmask,
                   sxb, sxt, ssn, ssd, ssw, swj, swd, sdb, sdt, sdd, sfn, sfd, sfw,
