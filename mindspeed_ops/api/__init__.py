@@ -8,16 +8,19 @@ from .triton.fused_cross_entropy_loss import (FusedCrossEntropyLoss, FusedCrossE
                                               fused_cross_entropy_loss)
 from .triton.inplace_rope import inplace_rope
 from .triton.l2norm import L2Norm, l2norm, l2norm_bwd, l2norm_fwd
+from .triton.mhc_post import mhc_post
+from .triton.mhc_pre_bmm import mhc_pre_bmm
 from .triton.rms_norm import rms_norm
 from .triton.rms_norm_gated import FusedRMSNormGated, rms_norm_gated
 from .triton.rmsnorm_without_weight import rmsnorm_without_weight
+from .triton.sinkhorn import hc_split_sinkhorn, sinkhorn, sinkhorn_knopp
 from .triton.solve_tril import solve_tril
 from .triton.sort_chunks_by_idx import (moe_sort_chunks_by_index, moe_sort_chunks_by_index_with_probs,
                                         sort_chunks_by_idx, sort_chunks_by_idx_with_probs)
 from .triton.utils import get_available_device, prepare_chunk_indices
 
 __all__ = [
-    "chunk_local_cumsum", "solve_tril", "chunk_loss", "fused_cross_entropy_loss", "FusedCrossEntropyLoss", "FusedCrossEntropyLossFunction",
+    "sinkhorn", "hc_split_sinkhorn", "sinkhorn_knopp", "mhc_pre_bmm", "mhc_post", "chunk_local_cumsum", "solve_tril", "chunk_loss", "fused_cross_entropy_loss", "FusedCrossEntropyLoss", "FusedCrossEntropyLossFunction",
     "clipped_swiglu", "causal_conv1d", "CausalConv1dFunction", "causal_conv1d_fn", "inplace_rope", "l2norm", "l2norm_fwd", "l2norm_bwd", "L2Norm", "rms_norm",
     "rmsnorm_without_weight", "sort_chunks_by_idx", "sort_chunks_by_idx_with_probs", "moe_sort_chunks_by_index",
     "moe_sort_chunks_by_index_with_probs", "rms_norm_gated", "FusedRMSNormGated", "get_available_device", "prepare_chunk_indices",

@@ -1,0 +1,3 @@
+from ...ops.mhc import mhc_post
+
+__all__ = ["mhc_post"]

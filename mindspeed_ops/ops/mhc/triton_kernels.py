@@ -1,0 +1,300 @@
+"""Triton kernels of the mHC family (SPEC 1.12). Kernels only: launchers live in the op modules.
+
+Sinkhorn: one token's ``n×n`` matrix is a ``[NP, NP]`` slice of a ``[BT, NP, NP]`` tile (many tokens
+a program, the whole Sinkhorn loop in registers, no global traffic besides the inputs and outputs).
+The backward recomputes the iterations (see ``_sinkhorn_bwd_loop``): the exact gradient of the
+unrolled computation, O(steps) work, nothing stored by the forward.
+"""
+import triton
+import triton.language as tl
+
+from ...triton_utils import sigmoid_f32
+
+
+@triton.jit
+def _softmax_eps(C, kmask3, emask3, eps):
+    """Row softmax of ``C [BT, NP, NP]`` over valid columns; returns (P̃, P̃ + eps masked to valid entries)."""
+    C = tl.where(kmask3, C, float("-inf"))
+    mx = tl.max(C, axis=2)
+    e = tl.exp(C - mx[:, :, None])
+    e = tl.where(kmask3, e, 0.0)
+    pt = e / tl.sum(e, axis=2)[:, :, None]
+    return pt, tl.where(emask3, pt + eps, 0.0)
+
+
+@triton.jit
+def _col_step(P, eps):
+    r = 1.0 / (tl.sum(P, axis=1) + eps)
+    return P * r[:, None, :]
+
+
+@triton.jit
+def _row_step(P, eps):
+    r = 1.0 / (tl.sum(P, axis=2) + eps)
+    return P * r[:, :, None]
+
+
+@triton.jit
+def _sinkhorn_loop(P0, iters, eps):
+    P = _col_step(P0, eps)
+    for _ in range(1, iters):
+        P = _row_step(P, eps)
+        P = _col_step(P, eps)
+    return P
+
+
+@triton.jit
+def _sinkhorn_bwd_loop(P0, dP, emask3, r_ptr, rows, rmask, M, iters, eps, NP: tl.constexpr):
+    """Gradient w.r.t. ``P0`` of the unrolled loop, given ``dP`` of its output.
+
+    Pass 1 re-runs the forward and keeps each step's reciprocal sums ``r_t`` (``NP`` floats a token a
+    step) in the fp32 scratch ``r_ptr [steps, M, NP]``; pass 2 walks the steps backwards, rebuilding
+    each step's input from its output (``X_t = Y_t / r_t``, a few ulp) and applying
+    ``dX = (dY - Σ_axis dY ⊙ Y) · r``. O(steps) work; a CTA barrier separates the passes (the scratch
+    rows of a token are written and read only by its program).
+    Padding entries are kept at 0 (their ``1/(0 + eps)`` factors would otherwise overflow)."""
+    S = 2 * iters - 1
+    roff = rows[:, None] * NP + tl.arange(0, NP)[None, :]
+    rm = rmask[:, None]
+    X = P0
+    for t in range(0, S):
+        base = r_ptr + tl.cast(t, tl.int64) * M * NP
+        if t % 2 == 0:
+            r = 1.0 / (tl.sum(X, axis=1) + eps)
+            X = X * r[:, None, :]
+            tl.store(base + roff, r, mask=rm)
+        else:
+            r = 1.0 / (tl.sum(X, axis=2) + eps)
+            X = X * r[:, :, None]
+            tl.store(base + roff, r, mask=rm)
+    tl.debug_barrier()
+    for tt in range(0, S):
+        t = S - 1 - tt
+        r = tl.load(r_ptr + tl.cast(t, tl.int64) * M * NP + roff, mask=rm, other=1.0)
+        if t % 2 == 0:
+            dP = tl.where(emask3, (dP - tl.sum(dP * X, axis=1)[:, None, :]) * r[:, None, :], 0.0)
+            X = X / r[:, None, :]
+        else:
+            dP = tl.where(emask3, (dP - tl.sum(dP * X, axis=2)[:, :, None]) * r[:, :, None], 0.0)
+            X = X / r[:, :, None]
+    return dP
+
+
+@triton.jit
+def sinkhorn_fwd_kernel(m_ptr, s_ptr, b_ptr, pre_ptr, post_ptr, comb_ptr, M, stride_m, iters, eps,
+                        N: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    rmask = rows < M
+    kk = tl.arange(0, NP)
+    kmask = kk < N
+    s0 = tl.load(s_ptr).to(tl.float32)
+    s1 = tl.load(s_ptr + 1).to(tl.float32)
+    s2 = tl.load(s_ptr + 2).to(tl.float32)
+    m2 = rmask[:, None] & kmask[None, :]
+    base = m_ptr + rows[:, None] * stride_m + kk[None, :]
+    mpre = tl.load(base, mask=m2, other=0.0).to(tl.float32)
+    mpost = tl.load(base + N, mask=m2, other=0.0).to(tl.float32)
+    bpre = tl.load(b_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+    bpost = tl.load(b_ptr + N + kk, mask=kmask, other=0.0).to(tl.float32)
+    pre = sigmoid_f32(s0 * mpre + bpre[None, :]) + eps
+    post = 2.0 * sigmoid_f32(s1 * mpost + bpost[None, :])
+    out2 = rows[:, None] * N + kk[None, :]
+    tl.store(pre_ptr + out2, pre.to(pre_ptr.dtype.element_ty), mask=m2)
+    tl.store(post_ptr + out2, post.to(post_ptr.dtype.element_ty), mask=m2)
+
+    off = 2 * N + kk[:, None] * N + kk[None, :]                 # [NP(j), NP(k)]
+    emask = kmask[:, None] & kmask[None, :]
+    emask3 = emask[None, :, :]
+    m3 = rmask[:, None, None] & emask3
+    mc = tl.load(m_ptr + rows[:, None, None] * stride_m + off[None, :, :], mask=m3, other=0.0).to(tl.float32)
+    bc = tl.load(b_ptr + off, mask=emask, other=0.0).to(tl.float32)
+    _, P0 = _softmax_eps(s2 * mc + bc[None, :, :], kmask[None, None, :], emask3, eps)
+    P = _sinkhorn_loop(P0, iters, eps)
+    out3 = rows[:, None, None] * (N * N) + kk[None, :, None] * N + kk[None, None, :]
+    tl.store(comb_ptr + out3, P.to(comb_ptr.dtype.element_ty), mask=m3)
+
+
+@triton.jit
+def sinkhorn_bwd_kernel(m_ptr, s_ptr, b_ptr, dpre_ptr, dpost_ptr, dcomb_ptr, dm_ptr, ds_ptr, db_ptr, r_ptr,
+                        M, stride_m, sdpre_r, sdpre_c, sdpost_r, sdpost_c, sdc_r, sdc_j, sdc_k, stride_dm,
+                        iters, eps, N: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    rows = pid * BT + tl.arange(0, BT)
+    rmask = rows < M
+    kk = tl.arange(0, NP)
+    kmask = kk < N
+    s0 = tl.load(s_ptr).to(tl.float32)
+    s1 = tl.load(s_ptr + 1).to(tl.float32)
+    s2 = tl.load(s_ptr + 2).to(tl.float32)
+    m2 = rmask[:, None] & kmask[None, :]
+    base = m_ptr + rows[:, None] * stride_m + kk[None, :]
+    mpre = tl.load(base, mask=m2, other=0.0).to(tl.float32)
+    mpost = tl.load(base + N, mask=m2, other=0.0).to(tl.float32)
+    bpre = tl.load(b_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+    bpost = tl.load(b_ptr + N + kk, mask=kmask, other=0.0).to(tl.float32)
+    k64 = kk.to(tl.int64)
+    dpre = tl.load(dpre_ptr + rows[:, None] * sdpre_r + k64[None, :] * sdpre_c, mask=m2, other=0.0).to(tl.float32)
+    dpost = tl.load(dpost_ptr + rows[:, None] * sdpost_r + k64[None, :] * sdpost_c, mask=m2,
+                    other=0.0).to(tl.float32)
+    sp = sigmoid_f32(s0 * mpre + bpre[None, :])
+    sq = sigmoid_f32(s1 * mpost + bpost[None, :])
+    dzp = tl.where(m2, dpre * sp * (1.0 - sp), 0.0)
+    dzq = tl.where(m2, 2.0 * dpost * sq * (1.0 - sq), 0.0)
+    dbase = dm_ptr + rows[:, None] * stride_dm + kk[None, :]
+    tl.store(dbase, (dzp * s0).to(dm_ptr.dtype.element_ty), mask=m2)
+    tl.store(dbase + N, (dzq * s1).to(dm_ptr.dtype.element_ty), mask=m2)
+
+    off = 2 * N + kk[:, None] * N + kk[None, :]
+    emask = kmask[:, None] & kmask[None, :]
+    emask3 = emask[None, :, :]
+    m3 = rmask[:, None, None] & emask3
+    mc = tl.load(m_ptr + rows[:, None, None] * stride_m + off[None, :, :], mask=m3, other=0.0).to(tl.float32)
+    bc = tl.load(b_ptr + off, mask=emask, other=0.0).to(tl.float32)
+    pt, P0 = _softmax_eps(s2 * mc + bc[None, :, :], kmask[None, None, :], emask3, eps)
+    dP = tl.load(dcomb_ptr + rows[:, None, None] * sdc_r + k64[None, :, None] * sdc_j + k64[None, None, :] * sdc_k,
+                 mask=m3, other=0.0).to(tl.float32)
+    dP = tl.where(m3, _sinkhorn_bwd_loop(P0, dP, emask3, r_ptr, rows, rmask, M, iters, eps, NP), 0.0)
+    dC = tl.where(m3, pt * (dP - tl.sum(dP * pt, axis=2)[:, :, None]), 0.0)
+    tl.store(dm_ptr + rows[:, None, None] * stride_dm + off[None, :, :], (dC * s2).to(dm_ptr.dtype.element_ty),
+             mask=m3)
+
+    # per-program fp32 partials (summed on the host side: deterministic)
+    tl.store(ds_ptr + pid * 3, tl.sum(tl.sum(dzp * mpre, axis=1), axis=0))
+    tl.store(ds_ptr + pid * 3 + 1, tl.sum(tl.sum(dzq * mpost, axis=1), axis=0))
+    tl.store(ds_ptr + pid * 3 + 2, tl.sum(tl.sum(tl.sum(dC * mc, axis=2), axis=1), axis=0))
+    W = (2 + N) * N
+    tl.store(db_ptr + pid * W + kk, tl.sum(dzp, axis=0), mask=kmask)
+    tl.store(db_ptr + pid * W + N + kk, tl.sum(dzq, axis=0), mask=kmask)
+    tl.store(db_ptr + pid * W + off, tl.sum(dC, axis=0), mask=emask)
+
+
+@triton.jit
+def sinkhorn_knopp_fwd_kernel(c_ptr, p_ptr, M, iters, eps, N: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    kk = tl.arange(0, NP)
+    kmask = kk < N
+    emask3 = (kmask[:, None] & kmask[None, :])[None, :, :]
+    m3 = (rows < M)[:, None, None] & emask3
+    off = rows[:, None, None] * (N * N) + kk[None, :, None] * N + kk[None, None, :]
+    C = tl.load(c_ptr + off, mask=m3, other=0.0).to(tl.float32)
+    _, P0 = _softmax_eps(C, kmask[None, None, :], emask3, eps)
+    P = _sinkhorn_loop(P0, iters, eps)
+    tl.store(p_ptr + off, P.to(p_ptr.dtype.element_ty), mask=m3)
+
+
+@triton.jit
+def sinkhorn_knopp_bwd_kernel(c_ptr, dp_ptr, dc_ptr, r_ptr, M, sdp_r, sdp_j, sdp_k, iters, eps, N: tl.constexpr,
+                              NP: tl.constexpr, BT: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    rmask = rows < M
+    kk = tl.arange(0, NP)
+    k64 = kk.to(tl.int64)
+    kmask = kk < N
+    emask3 = (kmask[:, None] & kmask[None, :])[None, :, :]
+    m3 = rmask[:, None, None] & emask3
+    off = rows[:, None, None] * (N * N) + kk[None, :, None] * N + kk[None, None, :]
+    C = tl.load(c_ptr + off, mask=m3, other=0.0).to(tl.float32)
+    pt, P0 = _softmax_eps(C, kmask[None, None, :], emask3, eps)
+    dP = tl.load(dp_ptr + rows[:, None, None] * sdp_r + k64[None, :, None] * sdp_j + k64[None, None, :] * sdp_k,
+                 mask=m3, other=0.0).to(tl.float32)
+    dP = tl.where(m3, _sinkhorn_bwd_loop(P0, dP, emask3, r_ptr, rows, rmask, M, iters, eps, NP), 0.0)
+    dC = pt * (dP - tl.sum(dP * pt, axis=2)[:, :, None])
+    tl.store(dc_ptr + off, dC.to(dc_ptr.dtype.element_ty), mask=m3)
+
+
+@triton.jit
+def mhc_pre_bmm_fwd_kernel(p_ptr, x_ptr, y_ptr, M, D, sp_t, sp_j, sx_t, sx_j, sy_t,
+                           N: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    d = tl.program_id(1) * BD + tl.arange(0, BD)
+    jj = tl.arange(0, NP).to(tl.int64)
+    rmask = rows < M
+    pm = rmask[:, None] & (jj < N)[None, :]
+    p = tl.load(p_ptr + rows[:, None] * sp_t + jj[None, :] * sp_j, mask=pm, other=0.0).to(tl.float32)
+    xm = pm[:, :, None] & (d < D)[None, None, :]
+    x = tl.load(x_ptr + rows[:, None, None] * sx_t + jj[None, :, None] * sx_j + d[None, None, :], mask=xm,
+                other=0.0).to(tl.float32)
+    y = tl.sum(p[:, :, None] * x, axis=1)
+    tl.store(y_ptr + rows[:, None] * sy_t + d[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=rmask[:, None] & (d < D)[None, :])
+
+
+@triton.jit
+def mhc_pre_bmm_bwd_kernel(p_ptr, x_ptr, dy_ptr, dp_ptr, dx_ptr, M, D, sp_t, sp_j, sx_t, sx_j, sdy_t, sdy_d,
+                           N: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    jj = tl.arange(0, NP).to(tl.int64)
+    rmask = rows < M
+    pm = rmask[:, None] & (jj < N)[None, :]
+    p = tl.load(p_ptr + rows[:, None] * sp_t + jj[None, :] * sp_j, mask=pm, other=0.0).to(tl.float32)
+    acc = tl.zeros([BT, NP], dtype=tl.float32)
+    for d0 in range(0, D, BD):
+        d = tl.cast(d0, tl.int64) + tl.arange(0, BD)
+        dmask = d < D
+        xm = pm[:, :, None] & dmask[None, None, :]
+        xoff = rows[:, None, None] * sx_t + jj[None, :, None] * sx_j + d[None, None, :]
+        x = tl.load(x_ptr + xoff, mask=xm, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows[:, None] * sdy_t + d[None, :] * sdy_d, mask=rmask[:, None] & dmask[None, :],
+                     other=0.0).to(tl.float32)
+        acc += tl.sum(x * dy[:, None, :], axis=2)
+        dxoff = rows[:, None, None] * (N * D) + jj[None, :, None] * D + d[None, None, :]  # dx is contiguous
+        tl.store(dx_ptr + dxoff, (p[:, :, None] * dy[:, None, :]).to(dx_ptr.dtype.element_ty), mask=xm)
+    tl.store(dp_ptr + rows[:, None] * N + jj[None, :], acc.to(dp_ptr.dtype.element_ty), mask=pm)
+
+
+@triton.jit
+def mhc_post_fwd_kernel(x_ptr, r_ptr, hp_ptr, hr_ptr, o_ptr, M, D, sx_t, sr_t, sr_j, shp_t, shp_k,
+                        shr_t, shr_j, shr_k, so_t, so_k,
+                        N: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    d = tl.program_id(1) * BD + tl.arange(0, BD)
+    kk = tl.arange(0, NP).to(tl.int64)
+    rmask = rows < M
+    dmask = d < D
+    hm = rmask[:, None] & (kk < N)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * sx_t + d[None, :], mask=rmask[:, None] & dmask[None, :],
+                other=0.0).to(tl.float32)
+    hp = tl.load(hp_ptr + rows[:, None] * shp_t + kk[None, :] * shp_k, mask=hm, other=0.0).to(tl.float32)
+    out = hp[:, :, None] * x[:, None, :]
+    for j in tl.static_range(N):
+        hr = tl.load(hr_ptr + rows[:, None] * shr_t + j * shr_j + kk[None, :] * shr_k, mask=hm,
+                     other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + rows[:, None] * sr_t + j * sr_j + d[None, :], mask=rmask[:, None] & dmask[None, :],
+                    other=0.0).to(tl.float32)
+        out += hr[:, :, None] * r[:, None, :]
+    tl.store(o_ptr + rows[:, None, None] * so_t + kk[None, :, None] * so_k + d[None, None, :],
+             out.to(o_ptr.dtype.element_ty), mask=hm[:, :, None] & dmask[None, None, :])
+
+
+@triton.jit
+def mhc_post_bwd_kernel(x_ptr, r_ptr, hp_ptr, hr_ptr, do_ptr, dx_ptr, dr_ptr, dhp_ptr, dhr_ptr, M, D,
+                        sx_t, sr_t, sr_j, shp_t, shp_k, shr_t, shr_j, shr_k, sdo_t, sdo_k, sdo_d,
+                        N: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    kk = tl.arange(0, NP).to(tl.int64)
+    rmask = rows < M
+    hm = rmask[:, None] & (kk < N)[None, :]
+    hp = tl.load(hp_ptr + rows[:, None] * shp_t + kk[None, :] * shp_k, mask=hm, other=0.0).to(tl.float32)
+    acc_hp = tl.zeros([BT, NP], dtype=tl.float32)
+    acc_hr = tl.zeros([BT, NP, NP], dtype=tl.float32)
+    for d0 in range(0, D, BD):
+        d = tl.cast(d0, tl.int64) + tl.arange(0, BD)
+        m2 = rmask[:, None] & (d < D)[None, :]
+        m3 = hm[:, :, None] & (d < D)[None, None, :]
+        do = tl.load(do_ptr + rows[:, None, None] * sdo_t + kk[None, :, None] * sdo_k + d[None, None, :] * sdo_d,
+                     mask=m3, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + rows[:, None] * sx_t + d[None, :], mask=m2, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + rows[:, None] * D + d[None, :],
+                 tl.sum(hp[:, :, None] * do, axis=1).to(dx_ptr.dtype.element_ty), mask=m2)
+        acc_hp += tl.sum(do * x[:, None, :], axis=2)
+        for j in tl.static_range(N):
+            hr = tl.load(hr_ptr + rows[:, None] * shr_t + j * shr_j + kk[None, :] * shr_k, mask=hm,
+                         other=0.0).to(tl.float32)
+            r = tl.load(r_ptr + rows[:, None] * sr_t + j * sr_j + d[None, :], mask=m2, other=0.0).to(tl.float32)
+            tl.store(dr_ptr + rows[:, None] * (N * D) + j * D + d[None, :],
+                     tl.sum(hr[:, :, None] * do, axis=1).to(dr_ptr.dtype.element_ty), mask=m2)
+            g = tl.sum(r[:, None, :] * do, axis=2)                       # [BT, NP(k)]
+            acc_hr += tl.where((kk == j)[None, :, None], g[:, None, :], 0.0)
+    tl.store(dhp_ptr + rows[:, None] * N + kk[None, :], acc_hp.to(dhp_ptr.dtype.element_ty), mask=hm)
+    tl.store(dhr_ptr + rows[:, None, None] * (N * N) + kk[None, :, None] * N + kk[None, None, :],
+             acc_hr.to(dhr_ptr.dtype.element_ty), mask=hm[:, :, None] & (kk < N)[None, None, :])
