@@ -1,29 +1,17 @@
 """Compile-only check (DESIGN 7) of the GDN stage kernels that have no check cases yet
 (chunk_local_cumsum, solve_tril): launches recorded dry at real sizes under the interpreter, built for
 sm_80 and sm_90 with Triton's NVIDIA backend (catches tl.dot shapes, shared memory, spills)."""
-import os
 
 import pytest
 import torch
 
 from mindspeed_ops import compile_check as cc
+from tests.conftest import COMPILE_ONLY_MARKS
 from mindspeed_ops.ops.gdn.cumsum import chunk_local_cumsum
 from mindspeed_ops.ops.gdn.solve_tril import solve_tril
 
 
-def _toolchain() -> bool:
-    try:
-        from triton.backends.nvidia.compiler import get_ptxas  # noqa: F401
-
-        return cc._tool("ptxas") is not None
-    except Exception:
-        return False
-
-
-pytestmark = [
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="records launches under the interpreter"),
-    pytest.mark.skipif(not _toolchain(), reason="triton's NVIDIA backend (ptxas) is not installed"),
-]
+pytestmark = COMPILE_ONLY_MARKS
 
 
 def _launches():

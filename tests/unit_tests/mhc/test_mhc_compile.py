@@ -1,11 +1,11 @@
 """Compile-only check (DESIGN 7) of the mHC kernels: launches recorded dry at real sizes under the
 interpreter, built for sm_80 and sm_90 with Triton's NVIDIA backend (layouts, shared memory, spills)."""
-import os
 
 import pytest
 import torch
 
 from mindspeed_ops import compile_check as cc
+from tests.conftest import COMPILE_ONLY_MARKS
 import importlib
 
 # launcher modules (the package's names of the same spelling are the public functions)
@@ -14,19 +14,7 @@ pre_bmm = importlib.import_module("mindspeed_ops.ops.mhc.mhc_pre_bmm")
 sk = importlib.import_module("mindspeed_ops.ops.mhc.sinkhorn")
 
 
-def _toolchain() -> bool:
-    try:
-        from triton.backends.nvidia.compiler import get_ptxas  # noqa: F401
-
-        return cc._tool("ptxas") is not None
-    except Exception:
-        return False
-
-
-pytestmark = [
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="records launches under the interpreter"),
-    pytest.mark.skipif(not _toolchain(), reason="triton's NVIDIA backend (ptxas) is not installed"),
-]
+pytestmark = COMPILE_ONLY_MARKS
 
 
 def _launches():
