@@ -65,10 +65,15 @@ def rows_2d(x: torch.Tensor) -> torch.Tensor:
     """``x`` as ``[rows, D]`` with unit stride on the last dim; a view when possible (any row stride),
     a copy otherwise. Kernels take the row stride, so padded/sliced rows are not copied."""
     d = x.shape[-1] if x.dim() else 1
-    y = x.reshape(math.prod(x.shape[:-1]), d)  # not -1: D == 0 must work too
-    if y.stride(-1) != 1 and y.shape[-1] > 1:
-        y = y.contiguous()
-    return y
+    return unit_last_stride(x.reshape(math.prod(x.shape[:-1]), d))  # not -1: D == 0 must work too
+
+
+def unit_last_stride(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``t`` itself when its last dim has unit stride (or size <= 1), else a contiguous copy: what a
+    kernel that takes the other strides as arguments needs for wide loads."""
+    if t is not None and t.dim() and t.stride(-1) != 1 and t.shape[-1] > 1:
+        return t.contiguous()
+    return t
 
 
 def eager_autograd(op, setup_context: Callable, backward: Callable) -> Callable:

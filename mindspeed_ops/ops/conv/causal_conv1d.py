@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from ... import triton_utils as tu
+from ..common import unit_last_stride
 from ...validation import (FLOAT_DTYPES, INDEX_DTYPES, check_choice, check_cu_seqlens, check_same_device,
                            check_tensor, reject_float64, shape_str)
 
@@ -68,10 +69,7 @@ def check_args(x, weight, bias, residual, initial_state, activation, cu_seqlens,
 
 def _rows_unit(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """Kernel view of a [B, T, D] tensor: unit stride on D (copied otherwise), bf16 widened under the interpreter."""
-    t = tu.kernel_input(t)
-    if t is not None and t.stride(-1) != 1 and t.shape[-1] > 1:
-        t = t.contiguous()
-    return t
+    return unit_last_stride(tu.kernel_input(t))
 
 
 def _layout(x: torch.Tensor, cu_seqlens: Optional[torch.Tensor], validate: bool):

@@ -81,6 +81,29 @@ def _prep(q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, initial_state, cu_se
 # Oracle: the recurrence (tests only)
 # ------------------------------------------------------------------------------------------------
 
+def _setup(q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, initial_state, cu_seqlens):
+    """Shared start of both references: ``(out dtype, compute dtype, prepared q, k, v, g, beta,
+    scale, zero output [B, T, HV, V])``."""
+    cd, q_dtype = _cdtype(q, k, v, g, beta, initial_state), q.dtype
+    out_dtype = cd if cd == torch.float64 else q_dtype
+    cd, q, k, v, g, beta, scale = _prep(q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, initial_state,
+                                        cu_seqlens)
+    o = torch.zeros(*q.shape[:2], v.shape[2], v.shape[3], dtype=cd, device=v.device)
+    return out_dtype, cd, q, k, v, g, beta, scale, o
+
+
+def _state0(initial_state, n, HV, K, V, cd, device):
+    """State at the start of sequence ``n`` in the compute dtype (zeros without an initial state)."""
+    return torch.zeros(HV, K, V, dtype=cd, device=device) if initial_state is None else initial_state[n].to(cd)
+
+
+def _finish(o, finals, cd, out_dtype, output_final_state):
+    """``(o in its output dtype, stacked final states in fp32/float64 or None)``."""
+    final = torch.stack(finals).to(torch.float64 if cd == torch.float64 else torch.float32) \
+        if output_final_state else None
+    return o.to(out_dtype), final
+
+
 def recurrent_gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
                                    beta: torch.Tensor, scale: Optional[float] = None,
                                    initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
@@ -101,15 +124,11 @@ def recurrent_gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     """
     B, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    cd, q_dtype = _cdtype(q, k, v, g, beta, initial_state), q.dtype
-    out_dtype = cd if cd == torch.float64 else q_dtype
-    cd, q, k, v, g, beta, scale = _prep(q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, initial_state,
-                                        cu_seqlens)
-    o = torch.zeros(B, T, HV, V, dtype=cd, device=v.device)
+    out_dtype, cd, q, k, v, g, beta, scale, o = _setup(q, k, v, g, beta, scale, use_qk_l2norm_in_kernel,
+                                                       initial_state, cu_seqlens)
     finals = []
     for n, (b, bos, eos) in enumerate(_sequences(B, T, cu_seqlens)):
-        S = (torch.zeros(HV, K, V, dtype=cd, device=v.device) if initial_state is None
-             else initial_state[n].to(cd))
+        S = _state0(initial_state, n, HV, K, V, cd, v.device)
         outs = []
         for t in range(bos, eos):
             S = torch.exp(g[b, t])[:, None, None] * S
@@ -120,9 +139,7 @@ def recurrent_gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Te
             rows = (torch.tensor([b], device=v.device), torch.arange(bos, eos, device=v.device))
             o = o.index_put(rows, torch.stack(outs))
         finals.append(S)
-    final = torch.stack(finals).to(torch.float64 if cd == torch.float64 else torch.float32) \
-        if output_final_state else None
-    return o.to(out_dtype), final
+    return _finish(o, finals, cd, out_dtype, output_final_state)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -251,15 +268,11 @@ def chunk_gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     B, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
-    cd, q_dtype = _cdtype(q, k, v, g, beta, initial_state), q.dtype
-    out_dtype = cd if cd == torch.float64 else q_dtype
-    cd, q, k, v, g, beta, scale = _prep(q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, initial_state,
-                                        cu_seqlens)
-    o = torch.zeros(B, T, HV, V, dtype=cd, device=v.device)
+    out_dtype, cd, q, k, v, g, beta, scale, o = _setup(q, k, v, g, beta, scale, use_qk_l2norm_in_kernel,
+                                                       initial_state, cu_seqlens)
     finals = []
     for n, (b, bos, eos) in enumerate(_sequences(B, T, cu_seqlens)):
-        S = (torch.zeros(HV, K, V, dtype=cd, device=v.device) if initial_state is None
-             else initial_state[n].to(cd))
+        S = _state0(initial_state, n, HV, K, V, cd, v.device)
         L = eos - bos
         if L == 0:
             finals.append(S)
@@ -285,6 +298,4 @@ def chunk_gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         rows = (torch.tensor([b], device=v.device), torch.arange(bos, eos, device=v.device))
         o = o.index_put(rows, oc)
         finals.append(S)
-    final = torch.stack(finals).to(torch.float64 if cd == torch.float64 else torch.float32) \
-        if output_final_state else None
-    return o.to(out_dtype), final
+    return _finish(o, finals, cd, out_dtype, output_final_state)

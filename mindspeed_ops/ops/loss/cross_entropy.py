@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from ... import triton_utils as tu
+from ..common import unit_last_stride
 from ...validation import (FLOAT_DTYPES, INDEX_DTYPES, check_choice, check_same_device, check_tensor,
                            reject_float64, shape_str)
 
@@ -72,8 +73,7 @@ def row_layout(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
     copied to a contiguous tensor.
     """
     V = x.shape[-1]
-    if x.stride(-1) != 1 and V > 1:
-        x = x.contiguous()
+    x = unit_last_stride(x)
     dims = [(s, st) for s, st in zip(x.shape[:-1], x.stride()[:-1]) if s != 1]
     merged: list[list[int]] = []
     for s, st in dims:

@@ -6,6 +6,7 @@ import math
 import torch
 
 from ... import triton_utils as tu
+from ..common import unit_last_stride
 from ...validation import check_same_device, check_same_dtype, check_tensor, reject_float64, shape_str
 from .mhc_pre_bmm import _tile, _x3, check_n
 
@@ -31,8 +32,7 @@ def check_args(x, residual, h_post, h_res) -> tuple[int, int]:
 
 
 def _x2(x, M, D):
-    x2 = tu.kernel_input(x).reshape(M, D)
-    return x2 if x2.stride(-1) == 1 or D <= 1 else x2.contiguous()
+    return unit_last_stride(tu.kernel_input(x).reshape(M, D))
 
 
 def forward(x, residual, h_post, h_res):

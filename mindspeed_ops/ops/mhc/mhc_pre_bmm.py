@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from ... import triton_utils as tu
+from ..common import unit_last_stride
 from ...validation import FLOAT_DTYPES, check_same_device, check_tensor, reject_float64, shape_str
 
 OP = "mhc_pre_bmm"
@@ -42,8 +43,7 @@ def _tile(n: int, D: int, budget: int = 4096) -> tuple[int, int, int, int]:
 
 
 def _x3(x, M, n, D):
-    x3 = tu.kernel_input(x).reshape(M, n, D)
-    return x3 if x3.stride(-1) == 1 or D <= 1 else x3.contiguous()
+    return unit_last_stride(tu.kernel_input(x).reshape(M, n, D))
 
 
 def forward(pre, x, out_dtype: Optional[torch.dtype] = None):

@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from ... import triton_utils as tu
+from ..common import unit_last_stride
 from ...validation import check_tensor, shape_str
 
 OP = "sort_chunks_by_idx"
@@ -69,9 +70,7 @@ def _word_view(x: torch.Tensor, max_word: int = 8) -> torch.Tensor:
     is bitwise for every dtype and lets one kernel specialization serve every dtype of a size."""
     rows = x.shape[0]
     cols = math.prod(x.shape[1:])
-    x2 = x.reshape(rows, cols)
-    if cols > 1 and x2.stride(1) != 1:
-        x2 = x2.contiguous()
+    x2 = unit_last_stride(x.reshape(rows, cols))
     if cols == 1 and x2.stride(1) != 1:
         x2 = x2.as_strided((rows, 1), (x2.stride(0), 1))
     es = x2.element_size()
