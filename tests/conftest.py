@@ -63,3 +63,15 @@ COMPILE_ONLY_MARKS = [
     pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="records launches under the interpreter"),
     pytest.mark.skipif(not _ptxas_available(), reason="triton's NVIDIA backend (ptxas) is not installed"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _release_cuda_cache():
+    """Several xdist workers share one GPU: hand cached blocks back after every test so one worker's
+    real-size case does not leave the others out of memory."""
+    yield
+    if ON_GPU:
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()

@@ -316,9 +316,9 @@ def test_registration_and_compile():
     for red, need in (("mean", (True, True, True)), ("none", (True, True, True)), ("sum", (False, True, False))):
         torch.library.opcheck(torch.ops.mindspeed_ops.chunk_loss,
                               (h, W, y, b, w, IGNORE, red, 0.1, 1e-4, 30.0, 4, torch.float32, torch.float32, *need))
-    lse = torch.rand(6)
+    lse = torch.rand(6, device=h.device)
     torch.library.opcheck(torch.ops.mindspeed_ops.chunk_loss_bwd,
-                          (torch.rand(6), h.detach(), W.detach(), y, b.detach(), w, lse, IGNORE, 0.1, 1e-4, 30.0, 4,
+                          (torch.rand(6, device=h.device), h.detach(), W.detach(), y, b.detach(), w, lse, IGNORE, 0.1, 1e-4, 30.0, 4,
                            torch.float32, torch.float32, True, True, True))
     torch.library.opcheck(torch.ops.mindspeed_ops.chunk_loss_scale, (W.detach().half(), torch.tensor(0.3)))
     for red, tail in (("none", lambda t: t.sum()), ("mean", lambda t: t * 3.0)):

@@ -387,7 +387,7 @@ def test_registration_and_compile():
     lse = torch.logsumexp(x.detach(), -1)
     for op in (torch.ops.mindspeed_ops.fused_cross_entropy_loss_bwd,
                torch.ops.mindspeed_ops.fused_cross_entropy_loss_bwd_inplace):
-        torch.library.opcheck(op, (torch.rand(6), x.detach().clone(), lse, y, w, IGNORE, 0.1, 1e-4, 30.0))
+        torch.library.opcheck(op, (torch.rand(6, device=x.device), x.detach().clone(), lse, y, w, IGNORE, 0.1, 1e-4, 30.0))
     f = torch.compile(lambda a, b, c: fused_cross_entropy_loss(a, b, c, label_smoothing=0.1), fullgraph=True)
     loss = f(x, y, w)
     loss.backward()
