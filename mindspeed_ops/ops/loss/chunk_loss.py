@@ -241,7 +241,8 @@ def scale(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     if n:
         block = 4096
-        scale_kernel[(tu.cdiv(n, block),)](xk, s.reshape(1).to(torch.float32), y, n, BLOCK=block, num_warps=8)
+        s32 = s.reshape(1).to(device=x.device, dtype=torch.float32)  # a host scalar is accepted too
+        scale_kernel[(tu.cdiv(n, block),)](xk, s32, y, n, BLOCK=block, num_warps=8)
     return tu.finish(y, x.dtype)
 
 
