@@ -320,7 +320,7 @@ def test_registration_and_compile():
     torch.library.opcheck(torch.ops.mindspeed_ops.chunk_loss_bwd,
                           (torch.rand(6, device=h.device), h.detach(), W.detach(), y, b.detach(), w, lse, IGNORE, 0.1, 1e-4, 30.0, 4,
                            torch.float32, torch.float32, True, True, True))
-    torch.library.opcheck(torch.ops.mindspeed_ops.chunk_loss_scale, (W.detach().half(), torch.tensor(0.3)))
+    torch.library.opcheck(torch.ops.mindspeed_ops.chunk_loss_scale, (W.detach().half(), torch.tensor(0.3, device=W.device)))
     for red, tail in (("none", lambda t: t.sum()), ("mean", lambda t: t * 3.0)):
         f = torch.compile(lambda a, c, d, e: tail(chunk_loss(a, c, e, d, reduction=red, chunk_size=4)),
                           fullgraph=True)
