@@ -1,5 +1,6 @@
 """Public API: every operator re-exported flat (``api.<name>``); explicit-backend paths in
 ``api.triton.<module>`` / ``api.tilelang.<module>`` (MindSpeed-compatible, SPEC 2.1)."""
+from .triton.chunk_gated_delta_rule import ChunkGatedDeltaRuleFunction, chunk_gated_delta_rule
 from .triton.chunk_local_cumsum import chunk_local_cumsum
 from .triton.chunk_loss import chunk_loss
 from .triton.clipped_swiglu import clipped_swiglu
@@ -20,6 +21,7 @@ from .triton.sort_chunks_by_idx import (moe_sort_chunks_by_index, moe_sort_chunk
 from .triton.utils import get_available_device, prepare_chunk_indices
 
 __all__ = [
+    "chunk_gated_delta_rule", "ChunkGatedDeltaRuleFunction",
     "sinkhorn", "hc_split_sinkhorn", "sinkhorn_knopp", "mhc_pre_bmm", "mhc_post", "chunk_local_cumsum", "solve_tril", "chunk_loss", "fused_cross_entropy_loss", "FusedCrossEntropyLoss", "FusedCrossEntropyLossFunction",
     "clipped_swiglu", "causal_conv1d", "CausalConv1dFunction", "causal_conv1d_fn", "inplace_rope", "l2norm", "l2norm_fwd", "l2norm_bwd", "L2Norm", "rms_norm",
     "rmsnorm_without_weight", "sort_chunks_by_idx", "sort_chunks_by_idx_with_probs", "moe_sort_chunks_by_index",

@@ -1,0 +1,92 @@
+"""Argument checks and the keyword policy shared by the full GDN operators (SPEC 1.10.10, 1.10.11)
+and the KDA operator (SPEC 1.11.3, per-channel gates)."""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Optional
+
+import torch
+
+from ...validation import (FLOAT_DTYPES, check_cu_seqlens, check_same_device, check_same_dtype, check_tensor,
+                           reject_float64, shape_str)
+
+MAX_K = 256
+CHUNK_SIZES = (16, 32, 64)
+
+#: keyword policy of SPEC 1.10.10 (0.7): performance hints accepted silently, math-changing options
+#: that are not implemented raise when set
+HINT_KWARGS = ("cu_seqlens_cpu", "chunk_indices", "use_graph", "max_num_seqs")
+UNSUPPORTED_KWARGS = ("use_gate_in_kernel", "A_log", "dt_bias", "use_beta_sigmoid_in_kernel", "allow_neg_eigval",
+                      "state_v_first", "transpose_state_layout", "cp_context", "return_intermediate_states")
+_WARNED: set = set()
+
+
+def kwargs_policy(op: str, kwargs: dict) -> dict:
+    """Apply the keyword policy; returns the accepted hints (``cu_seqlens_cpu``, ``chunk_indices``, ...)."""
+    if kwargs.get("head_first", False):
+        raise ValueError(f"{op}: head_first=True is not supported (layouts are token-major [B, T, H, D])")
+    for name, value in kwargs.items():
+        if name == "head_first" or name in HINT_KWARGS:
+            continue
+        if name in UNSUPPORTED_KWARGS:
+            if value is not None and value is not False:
+                raise NotImplementedError(f"{op}: {name}={value!r} is not implemented (only the default is)")
+            continue
+        if (op, name) not in _WARNED:
+            _WARNED.add((op, name))
+            warnings.warn(f"{op}: ignoring unknown keyword argument {name!r}", UserWarning, stacklevel=3)
+    return {k: kwargs[k] for k in HINT_KWARGS if kwargs.get(k) is not None}
+
+
+def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size: Optional[int] = None,
+               per_channel_gate: bool = False) -> tuple[int, int]:
+    """Validate without reading device values (also runs on fake tensors); returns ``(N, HV)``.
+    ``per_channel_gate``: ``g`` is ``[B, T, HV, K]`` (KDA) instead of ``[B, T, HV]``."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state)):
+        if t is not None:
+            check_tensor(op, name, t, dtypes=FLOAT_DTYPES + (torch.float64,))
+    reject_float64(op, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+    check_tensor(op, "q", q, ndim=4)
+    B, T, H, K = q.shape
+    check_tensor(op, "k", k, shape=(B, T, H, K), shape_desc="[B, T, H, K]")
+    check_tensor(op, "v", v, ndim=4)
+    check_tensor(op, "v", v, shape=(B, T, None, None), shape_desc="[B, T, HV, V]")
+    check_same_dtype(op, q=q, k=k, v=v)
+    HV, V = v.shape[2], v.shape[3]
+    if H == 0 or HV % H:
+        raise ValueError(f"{op}: the value heads HV = {HV} (v.shape[2]) must be a multiple of the q/k heads "
+                         f"H = {H} (q.shape[2])")
+    if K > MAX_K:
+        raise ValueError(f"{op}: the head dim K must be <= {MAX_K}, got q of shape {shape_str(q.shape)}")
+    check_tensor(op, "beta", beta, shape=(B, T, HV), shape_desc="[B, T, HV]")
+    if g is not None:
+        if per_channel_gate:
+            check_tensor(op, "g", g, shape=(B, T, HV, K), shape_desc="[B, T, HV, K]")
+        else:
+            check_tensor(op, "g", g, shape=(B, T, HV), shape_desc="[B, T, HV]")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ValueError(f"{op}: scale must be a finite number or None, got {scale!r}")
+    if chunk_size is not None and chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"{op}: chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
+    if cu_seqlens is not None:
+        check_tensor(op, "cu_seqlens", cu_seqlens, dtypes=(torch.int32, torch.int64), ndim=1)
+        if B != 1:
+            raise ValueError(f"{op}: with cu_seqlens the batch size must be 1 (pack the batch into one row), got {B}")
+        if cu_seqlens.shape[0] < 1:
+            raise ValueError(f"{op}: cu_seqlens must have at least 1 entry, got shape {shape_str(cu_seqlens.shape)}")
+        if cu_seqlens.device != q.device and cu_seqlens.device.type != "cpu":
+            raise ValueError(f"{op}: cu_seqlens is on {cu_seqlens.device} but q is on {q.device}")
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    if initial_state is not None:
+        check_tensor(op, "initial_state", initial_state, shape=(N, HV, K, V), shape_desc="[N, HV, K, V]")
+    check_same_device(op, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+    return N, HV
+
+
+def host_cu(op: str, q, cu_seqlens, cu_seqlens_cpu=None) -> Optional[list]:
+    """Host copy of the offsets, validated (one sync, SPEC 0.3; none when ``cu_seqlens_cpu`` is given)."""
+    if cu_seqlens is None:
+        return None
+    src = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens
+    return check_cu_seqlens(op, src, batch=q.shape[0], total=q.shape[1])

@@ -1,0 +1,194 @@
+"""Autograd and ``torch.library`` registration of ``chunk_gated_delta_rule`` (SPEC 1.10.10), following
+the family pattern of ``ops/activation/autograd.py``: a forward op and a ``_bwd`` op with fake
+functions, backends chosen per device, and the eager fast path of ``common.eager_autograd``.
+
+The forward op also returns ``G`` (chunk-local gate cumsum) and ``Ainv`` so the backward does not
+recompute them (SPEC 1.10.10: saved tensors are the inputs, ``G``, ``Ainv`` and ``h0``).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ... import backends
+from ..common import call_op, eager_autograd, reference_vjp
+from . import args as _args
+from . import chunk as _chunk
+from . import reference as _ref
+
+OP = "chunk_gated_delta_rule"
+
+
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty(0)
+
+
+def _aux_shapes(q, v, g, chunk_size):
+    B, T = q.shape[:2]
+    HV = v.shape[2]
+    return (B, T, HV), (B, T, HV, chunk_size)
+
+
+def _reference_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, cu_seqlens, cu_host,
+                       chunk_size):
+    o, final = _ref.chunk_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2,
+                                               cu_seqlens, chunk_size)
+    # G / Ainv as the Triton backend returns them (same op outputs on every backend)
+    G = None if g is None else _ref.chunk_local_cumsum_ref(g, chunk_size, cu_seqlens=cu_seqlens)
+    kn = _ref._l2norm(k.float()).to(k.dtype) if use_l2 else k
+    A = _ref.chunk_scaled_dot_kkt_ref(kn, G, beta, cu_seqlens, chunk_size)
+    return o, final, G, _ref.solve_tril_ref(A, cu_seqlens, output_dtype=k.dtype)
+
+
+def _reference_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_l2, cu_seqlens, chunk_size):
+    """Autograd of the chunked reference (``G``/``Ainv`` recomputed inside)."""
+    want_final = dht is not None
+
+    def fn(q_, k_, v_, g_, b_, h0_):
+        o, final = _ref.chunk_gated_delta_rule_ref(q_, k_, v_, g_, b_, scale, h0_, want_final, use_l2, cu_seqlens,
+                                                   chunk_size)
+        return (o, final) if want_final else o
+    return tuple(reference_vjp(fn, (q, k, v, g, beta, initial_state), (do, dht) if want_final else do))
+
+
+def _triton_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_l2, cu_seqlens, chunk_size):
+    # Until the backward stage kernels land (issue 5) the Triton backend differentiates the fp32
+    # chunked reference: exact, but slower and O(T) Python work per chunk.
+    return _reference_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_l2, cu_seqlens,
+                               chunk_size)
+
+
+backends.register(OP, "triton", forward=_chunk.forward, backward=_triton_backward)
+backends.register(OP, "reference", forward=_reference_forward, backward=_reference_backward)
+
+
+@torch.library.custom_op("mindspeed_ops::chunk_gated_delta_rule", mutates_args=())
+def chunk_gdr_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], beta: torch.Tensor,
+                 scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
+                 use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size)
+    cu_host = _args.host_cu(OP, q, cu_seqlens)
+    impl = backends.implementation(OP, q.device)
+    o, final, G, Ainv = impl.forward(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                     use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size)
+    return (o, _empty(o) if final is None else final, _empty(o) if G is None else G,
+            _empty(o) if Ainv is None else Ainv)
+
+
+@chunk_gdr_op.register_fake
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size):
+    N, HV = _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size)
+    B, T, _, K = q.shape
+    V = v.shape[3]
+    o = q.new_empty(B, T, HV, V)
+    final = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else q.new_empty(0)
+    # the fake follows the Triton backend (the one torch.compile runs on GPU)
+    G = q.new_empty(B, T, HV, dtype=torch.float32) if g is not None else q.new_empty(0)
+    Ainv = q.new_empty(B, T, HV, chunk_size)
+    return o, final, G, Ainv
+
+
+@torch.library.custom_op("mindspeed_ops::chunk_gated_delta_rule_bwd", mutates_args=())
+def chunk_gdr_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, g: Optional[torch.Tensor], beta: torch.Tensor, G: torch.Tensor,
+                     Ainv: torch.Tensor, initial_state: Optional[torch.Tensor], scale: float,
+                     use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    impl = backends.implementation(OP, q.device)
+    dq, dk, dv, dg, dbeta, dh0 = impl.backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale,
+                                               use_qk_l2norm_in_kernel, cu_seqlens, chunk_size)
+    e = _empty(q)
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), e if dg is None else dg.to(g.dtype),
+            dbeta.to(beta.dtype), e if dh0 is None else dh0.to(initial_state.dtype))
+
+
+@chunk_gdr_bwd_op.register_fake
+def _(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size):
+    e = q.new_empty(0)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            e if g is None else torch.empty_like(g), torch.empty_like(beta),
+            e if initial_state is None else torch.empty_like(initial_state))
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, g, beta, scale, h0, output_final_state, use_l2, cu_seqlens, chunk_size = inputs
+    _, _, G, Ainv = output
+    ctx.scale, ctx.use_l2, ctx.chunk_size, ctx.has_final = scale, use_l2, chunk_size, output_final_state
+    ctx.has_g, ctx.has_h0 = g is not None, h0 is not None
+    ctx.save_for_backward(q, k, v, g, beta, G, Ainv, h0, cu_seqlens)
+
+
+def _backward(ctx, do, dfinal, dG, dAinv):
+    q, k, v, g, beta, G, Ainv, h0, cu_seqlens = ctx.saved_tensors
+    dht = dfinal if ctx.has_final and dfinal is not None else None
+    if do is None:
+        do = torch.zeros(*q.shape[:2], *v.shape[2:], dtype=q.dtype, device=q.device)
+    dq, dk, dv, dg, dbeta, dh0 = call_op(ctx, chunk_gdr_bwd_op, do, dht, q, k, v, g, beta, G, Ainv, h0, ctx.scale,
+                                         ctx.use_l2, cu_seqlens, ctx.chunk_size)
+    return (dq, dk, dv, dg if ctx.has_g else None, dbeta, None, dh0 if ctx.has_h0 else None, None, None, None, None)
+
+
+chunk_gdr_op.register_autograd(_backward, setup_context=_setup)
+_chunk_gdr = eager_autograd(chunk_gdr_op, _setup, _backward)
+
+
+class ChunkGatedDeltaRuleFunction:
+    """MindSpeed/fla-style entry: ``ChunkGatedDeltaRuleFunction.apply(q, k, v, g, beta, scale, initial_state,
+    output_final_state, use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_size=64)`` -> ``(o, final_state)``."""
+
+    @staticmethod
+    def apply(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+              use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_size=64):
+        return chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                      use_qk_l2norm_in_kernel, cu_seqlens, chunk_size)
+
+
+def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+                           beta: torch.Tensor, scale: Optional[float] = None,
+                           initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
+                           use_qk_l2norm_in_kernel: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
+                           chunk_size: int = 64, **kwargs):
+    """Chunked gated delta rule of Qwen3-Next / Qwen3.5 linear attention, forward and backward (SPEC 1.10.10).
+
+    Per sequence and value head, with state ``S ∈ R^{K×V}`` (fp32): ``S ← e^{g_t} S``;
+    ``S ← S + β_t k_t (v_t − Sᵀk_t)ᵀ``; ``o_t = scale · Sᵀ q_t`` — computed chunk by chunk in the
+    WY/UT form (SPEC 1.10.0) by the stage kernels of this family.
+
+    Args:
+        q, k: ``[B, T, H, K]``, ``K <= 256``; v: ``[B, T, HV, V]`` (``HV`` a multiple of ``H``: grouped value
+            heads, value head ``i`` reads q/k head ``i // (HV/H)``); same dtype fp32/fp16/bf16.
+        g: ``[B, T, HV]`` raw log-decay gates (natural log, usually ``<= 0``), any float dtype; ``None`` = no decay.
+        beta: ``[B, T, HV]`` update strengths, used as given (no sigmoid).
+        scale: output scale; ``None`` = ``K ** -0.5``.
+        initial_state: ``[N, HV, K, V]`` (``N`` = B, or the number of sequences with ``cu_seqlens``), used in fp32.
+        output_final_state: also return the final states.
+        use_qk_l2norm_in_kernel: L2-normalise q and k first (``x / sqrt(Σx² + 1e-6)``), gradients included.
+        cu_seqlens: ``[N+1]`` int32/int64 packed-sequence offsets (then ``B == 1``); tokens past
+            ``cu_seqlens[-1]`` get ``o = 0``.
+        chunk_size: 16, 32 or 64.
+        **kwargs: fla/MindSpeed keyword policy (SPEC 1.10.10): ``head_first=True`` raises ``ValueError``;
+            ``cu_seqlens_cpu``, ``chunk_indices``, ``use_graph``, ``max_num_seqs`` are accepted hints; the
+            unimplemented options (``use_gate_in_kernel``, ``A_log``, ...) raise ``NotImplementedError``
+            when set; anything else is ignored with a one-time warning.
+
+    Returns:
+        ``(o [B, T, HV, V] in q.dtype, final_state [N, HV, K, V] fp32 or None)``.
+
+    Gradients: q, k, v, g (when given), beta, initial_state (when given); the gradient of
+    ``final_state`` is consumed.
+
+    Raises:
+        ValueError: shapes (q/k mismatch, ``HV % H``, beta/g, ``K > 256``, initial_state), chunk_size,
+            varlen with ``B != 1``, devices. TypeError: q/k/v dtypes differ, integer inputs.
+
+    Source: Yang, Kautz, Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta Rule" (ICLR 2025),
+    eq. (10) and the chunkwise WY form; Qwen3-Next model code.
+    """
+    _args.kwargs_policy(OP, kwargs)
+    K = q.shape[-1] if q.dim() == 4 else 1
+    scale = float(K ** -0.5) if scale is None else float(scale) if isinstance(scale, (int, float)) else scale
+    o, final, _, _ = _chunk_gdr(q, k, v, g, beta, scale, initial_state, bool(output_final_state),
+                                bool(use_qk_l2norm_in_kernel), cu_seqlens, int(chunk_size))
+    return o, (final if output_final_state else None)
