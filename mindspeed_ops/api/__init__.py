@@ -3,6 +3,7 @@
 from .triton.chunk_gated_delta_rule import ChunkGatedDeltaRuleFunction, chunk_gated_delta_rule
 from .triton.chunk_local_cumsum import chunk_local_cumsum
 from .triton.chunk_loss import chunk_loss
+from .triton.chunk_scaled_dot_kkt import chunk_scaled_dot_kkt, chunk_scaled_dot_kkt_fwd
 from .triton.clipped_swiglu import clipped_swiglu
 from .triton.convolution import CausalConv1dFunction, causal_conv1d, causal_conv1d_fn
 from .triton.fused_cross_entropy_loss import (FusedCrossEntropyLoss, FusedCrossEntropyLossFunction,
@@ -18,10 +19,12 @@ from .triton.sinkhorn import hc_split_sinkhorn, sinkhorn, sinkhorn_knopp
 from .triton.solve_tril import solve_tril
 from .triton.sort_chunks_by_idx import (moe_sort_chunks_by_index, moe_sort_chunks_by_index_with_probs,
                                         sort_chunks_by_idx, sort_chunks_by_idx_with_probs)
+from .triton.wy_fast import prepare_wy_repr_bwd, recompute_w_u_fwd
 from .triton.utils import get_available_device, prepare_chunk_indices
 
 __all__ = [
-    "chunk_gated_delta_rule", "ChunkGatedDeltaRuleFunction",
+    "chunk_gated_delta_rule", "ChunkGatedDeltaRuleFunction", "chunk_scaled_dot_kkt_fwd", "chunk_scaled_dot_kkt",
+    "recompute_w_u_fwd", "prepare_wy_repr_bwd",
     "sinkhorn", "hc_split_sinkhorn", "sinkhorn_knopp", "mhc_pre_bmm", "mhc_post", "chunk_local_cumsum", "solve_tril", "chunk_loss", "fused_cross_entropy_loss", "FusedCrossEntropyLoss", "FusedCrossEntropyLossFunction",
     "clipped_swiglu", "causal_conv1d", "CausalConv1dFunction", "causal_conv1d_fn", "inplace_rope", "l2norm", "l2norm_fwd", "l2norm_bwd", "L2Norm", "rms_norm",
     "rmsnorm_without_weight", "sort_chunks_by_idx", "sort_chunks_by_idx_with_probs", "moe_sort_chunks_by_index",

@@ -6,6 +6,9 @@ Stage functions are forward-only plain functions (not registered custom ops, no 
 """
 from .autograd import ChunkGatedDeltaRuleFunction, chunk_gated_delta_rule
 from .cumsum import chunk_local_cumsum
+from .kkt import chunk_scaled_dot_kkt, chunk_scaled_dot_kkt_fwd
 from .solve_tril import solve_tril
+from .wy_fast import prepare_wy_repr_bwd, recompute_w_u_fwd
 
-__all__ = ["chunk_gated_delta_rule", "ChunkGatedDeltaRuleFunction", "chunk_local_cumsum", "solve_tril"]
+__all__ = ["chunk_gated_delta_rule", "ChunkGatedDeltaRuleFunction", "chunk_local_cumsum", "solve_tril", "chunk_scaled_dot_kkt",
+           "chunk_scaled_dot_kkt_fwd", "recompute_w_u_fwd", "prepare_wy_repr_bwd"]

@@ -1,0 +1,291 @@
+"""Triton kernels of GDN stages 1.10.2 (``chunk_scaled_dot_kkt_fwd``) and 1.10.4
+(``recompute_w_u_fwd``, ``prepare_wy_repr_bwd``). Kernels only: launchers live in ``kkt.py`` and
+``wy_fast.py``.
+
+One program per (chunk, batch row, value head), flattened onto grid axis 0 as
+``pid = chunk · (B·HV) + b · HV + head``; the chunk's first token and its sequence end come from
+``_chunk_bounds`` (varlen through ``chunk_indices``). Tensors are addressed through their strides
+with int64 offsets; rows past the sequence end are neither read (masked loads) nor written.
+
+Products: ``tl.dot`` on ``[BT, BK] x [BK, BT]``-type tiles with fp32 accumulation. The operands are
+cast to the dtype of the key (value) input: fp32 inputs give IEEE fp32 products (no TF32, SPEC 0.5),
+fp16/bf16 inputs use the tensor cores. No ``tl.trans`` anywhere: a transposed operand is loaded
+transposed from memory, and where a transposed *computed* matrix is needed (``dMᵀ`` in the
+backward) it is computed directly (``dMᵀ = −T·dTᵀ·T``); transposing a dot result in registers is
+the pattern Triton 3.4-3.7 miscompiles on Hopper.
+
+Gates: every ``exp`` is of a masked argument (``where(mask, G_i − G_j, 0)`` then masked again), so
+out-of-range loads never meet in-range values and strong decay never overflows.
+"""
+import triton
+import triton.language as tl
+
+from .triton_kernels import _chunk_bounds
+
+
+@triton.jit
+def _dot(a, b, DT: tl.constexpr):
+    """``a @ b`` with operands in ``DT`` and fp32 accumulation (IEEE when ``DT`` is fp32)."""
+    return tl.dot(a.to(DT), b.to(DT), input_precision="ieee")
+
+
+@triton.jit
+def _program(BHV, HV, GRP):
+    """(chunk, batch row, value head, q/k head) of this program (int64)."""
+    pid = tl.program_id(0).to(tl.int64)
+    i_c = pid // BHV
+    i_bh = pid % BHV
+    i_h = i_bh % HV
+    return i_c, i_bh // HV, i_h, i_h // GRP
+
+
+# ------------------------------------------------------------------------------------------------
+# chunk_scaled_dot_kkt_fwd (SPEC 1.10.2)
+# ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def kkt_fwd_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, cu_ptr, idx_ptr, T, BHV, HV, GRP,
+                   s_kb, s_kt, s_kh, s_kd, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, s_ac,
+                   K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, HAS_G: tl.constexpr,
+                   HAS_BETA: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """``A[i, j] = β_i (k_i·k_j) e^{G_i − G_j}`` for ``j < i`` (valid), else 0, of one chunk and value
+    head (scalar gate or none). ``k kᵀ`` by ``tl.dot`` over ``BK``-wide key tiles."""
+    i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
+    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    o = tl.arange(0, BT)
+    rows = start + o
+    valid = rows < eos
+    k_base = k_ptr + i_b * s_kb + i_hk * s_kh
+    acc = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range((K + BK - 1) // BK):
+        d = i_k * BK + tl.arange(0, BK)
+        dm = d < K
+        b_k = tl.load(k_base + rows[:, None] * s_kt + d[None, :] * s_kd, mask=valid[:, None] & dm[None, :], other=0.0)
+        b_kt = tl.load(k_base + rows[None, :] * s_kt + d[:, None] * s_kd, mask=dm[:, None] & valid[None, :],
+                       other=0.0)
+        acc += _dot(b_k, b_kt, k_ptr.dtype.element_ty)
+    lower = (o[:, None] > o[None, :]) & valid[:, None] & valid[None, :]
+    if HAS_G:
+        b_g = tl.load(g_ptr + i_b * s_gb + rows * s_gt + i_h * s_gh, mask=valid, other=0.0).to(tl.float32)
+        acc = acc * tl.exp(tl.where(lower, b_g[:, None] - b_g[None, :], 0.0))
+    if HAS_BETA:
+        b_beta = tl.load(beta_ptr + i_b * s_bb + rows * s_bt + i_h * s_bh, mask=valid, other=0.0).to(tl.float32)
+        acc = acc * b_beta[:, None]
+    acc = tl.where(lower, acc, 0.0)
+    tl.store(a_ptr + i_b * s_ab + i_h * s_ah + rows[:, None] * s_at + o[None, :] * s_ac,
+             acc.to(a_ptr.dtype.element_ty), mask=valid[:, None])
+
+
+@triton.jit
+def kkt_gk_fwd_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, cu_ptr, idx_ptr, T, BHV, HV, GRP,
+                      s_kb, s_kt, s_kh, s_kd, s_gb, s_gt, s_gh, s_gd, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, s_ac,
+                      K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, HAS_BETA: tl.constexpr,
+                      IS_VARLEN: tl.constexpr):
+    """Per-channel gates: ``A[i, j] = β_i Σ_d k_{i,d} k_{j,d} e^{G_{i,d} − G_{j,d}}`` for ``j < i``.
+
+    Rows in 16-row blocks starting at ``r``. Columns of earlier blocks (``j < r ≤ i``) by one
+    ``tl.dot`` of ``k_i e^{G_i − G_r}`` with ``k_j e^{G_r − G_j}`` (both arguments masked differences
+    ``≤ 0`` for non-positive gates, so neither factor overflows); the diagonal 16x16 block column by
+    column with the exact ``e^{G_i − G_j}`` elementwise."""
+    i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
+    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    o = tl.arange(0, BT)
+    o16 = tl.arange(0, 16)
+    cols = start + o
+    col_ok = cols < eos
+    k_base = k_ptr + i_b * s_kb + i_hk * s_kh
+    g_base = g_ptr + i_b * s_gb + i_h * s_gh
+    a_base = a_ptr + i_b * s_ab + i_h * s_ah
+    for bi in tl.static_range(BT // 16):
+        r0 = start + bi * 16
+        ri = r0 + o16
+        vi = ri < eos
+        acc = tl.zeros([16, BT], dtype=tl.float32)
+        for i_k in range((K + BK - 1) // BK):
+            d = i_k * BK + tl.arange(0, BK)
+            dm = d < K
+            mi = vi[:, None] & dm[None, :]
+            b_k = tl.load(k_base + ri[:, None] * s_kt + d[None, :] * s_kd, mask=mi, other=0.0).to(tl.float32)
+            b_g = tl.load(g_base + ri[:, None] * s_gt + d[None, :] * s_gd, mask=mi, other=0.0).to(tl.float32)
+            if bi > 0:
+                r_ok = r0 < eos
+                g_r = tl.load(g_base + r0 * s_gt + d * s_gd, mask=dm & r_ok, other=0.0).to(tl.float32)
+                k_i = b_k * tl.exp(tl.where(mi, b_g - g_r[None, :], 0.0))
+                mj = dm[:, None] & ((o < bi * 16) & col_ok & r_ok)[None, :]
+                b_kt = tl.load(k_base + cols[None, :] * s_kt + d[:, None] * s_kd, mask=mj, other=0.0).to(tl.float32)
+                b_gt = tl.load(g_base + cols[None, :] * s_gt + d[:, None] * s_gd, mask=mj, other=0.0).to(tl.float32)
+                k_j = tl.where(mj, b_kt * tl.exp(tl.where(mj, g_r[:, None] - b_gt, 0.0)), 0.0)
+                acc += _dot(k_i, k_j, k_ptr.dtype.element_ty)
+            for j in range(16):
+                c = r0 + j
+                mc = dm & (c < eos)
+                k_c = tl.load(k_base + c * s_kt + d * s_kd, mask=mc, other=0.0).to(tl.float32)
+                g_c = tl.load(g_base + c * s_gt + d * s_gd, mask=mc, other=0.0).to(tl.float32)
+                m = (o16 > j)[:, None] & mi & mc[None, :]
+                term = tl.where(m, b_k * k_c[None, :] * tl.exp(tl.where(m, b_g - g_c[None, :], 0.0)), 0.0)
+                acc += tl.where(o[None, :] == bi * 16 + j, tl.sum(term, 1)[:, None], 0.0)
+        if HAS_BETA:
+            b_beta = tl.load(beta_ptr + i_b * s_bb + ri * s_bt + i_h * s_bh, mask=vi, other=0.0).to(tl.float32)
+            acc = acc * b_beta[:, None]
+        acc = tl.where(vi[:, None] & col_ok[None, :] & (o[None, :] < bi * 16 + o16[:, None]), acc, 0.0)
+        tl.store(a_base + ri[:, None] * s_at + o[None, :] * s_ac, acc.to(a_ptr.dtype.element_ty), mask=vi[:, None])
+
+
+# ------------------------------------------------------------------------------------------------
+# recompute_w_u_fwd (SPEC 1.10.4)
+# ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, a_ptr, g_ptr, w_ptr, u_ptr, cu_ptr, idx_ptr, T, BHV, HV, GRP,
+                  s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, s_ac,
+                  s_gb, s_gt, s_gh, s_gd, s_wb, s_wt, s_wh, s_wd, s_ub, s_ut, s_uh, s_ud,
+                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  GATE: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """``w = A·(β ⊙ e^{G} ⊙ k)`` (``GATE``: 0 none, 1 scalar, 2 per channel) and ``u = A·(β ⊙ v)`` of
+    one chunk and value head; ``A`` restricted to valid rows and columns, loaded once."""
+    i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
+    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    o = tl.arange(0, BT)
+    rows = start + o
+    valid = rows < eos
+    # A only feeds products: held in the key dtype (the dot operand dtype)
+    b_A = tl.load(a_ptr + i_b * s_ab + i_h * s_ah + rows[:, None] * s_at + o[None, :] * s_ac,
+                  mask=valid[:, None] & valid[None, :], other=0.0).to(tl.float32).to(k_ptr.dtype.element_ty)
+    b_beta = tl.load(beta_ptr + i_b * s_bb + rows * s_bt + i_h * s_bh, mask=valid, other=0.0).to(tl.float32)
+
+    v_base = v_ptr + i_b * s_vb + i_h * s_vh
+    u_base = u_ptr + i_b * s_ub + i_h * s_uh
+    for i_v in range((V + BV - 1) // BV):
+        d = i_v * BV + tl.arange(0, BV)
+        m = valid[:, None] & (d < V)[None, :]
+        b_v = tl.load(v_base + rows[:, None] * s_vt + d[None, :] * s_vd, mask=m, other=0.0).to(tl.float32)
+        b_u = _dot(b_A, b_v * b_beta[:, None], v_ptr.dtype.element_ty)
+        tl.store(u_base + rows[:, None] * s_ut + d[None, :] * s_ud, b_u.to(u_ptr.dtype.element_ty), mask=m)
+
+    scale = b_beta
+    if GATE == 1:
+        b_g = tl.load(g_ptr + i_b * s_gb + rows * s_gt + i_h * s_gh, mask=valid, other=0.0).to(tl.float32)
+        scale = b_beta * tl.exp(tl.where(valid, b_g, 0.0))
+    k_base = k_ptr + i_b * s_kb + i_hk * s_kh
+    w_base = w_ptr + i_b * s_wb + i_h * s_wh
+    for i_k in range((K + BK - 1) // BK):
+        d = i_k * BK + tl.arange(0, BK)
+        m = valid[:, None] & (d < K)[None, :]
+        b_k = tl.load(k_base + rows[:, None] * s_kt + d[None, :] * s_kd, mask=m, other=0.0).to(tl.float32)
+        b_k = b_k * scale[:, None]
+        if GATE == 2:
+            b_gk = tl.load(g_ptr + i_b * s_gb + i_h * s_gh + rows[:, None] * s_gt + d[None, :] * s_gd, mask=m,
+                           other=0.0).to(tl.float32)
+            b_k = b_k * tl.exp(tl.where(m, b_gk, 0.0))
+        b_w = _dot(b_A, b_k, k_ptr.dtype.element_ty)
+        tl.store(w_base + rows[:, None] * s_wt + d[None, :] * s_wd, b_w.to(w_ptr.dtype.element_ty), mask=m)
+
+
+# ------------------------------------------------------------------------------------------------
+# prepare_wy_repr_bwd (SPEC 1.10.4)
+# ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def wy_bwd_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, dw_ptr, du_ptr, dk_ptr, dv_ptr, db_ptr, dg_ptr,
+                  cu_ptr, idx_ptr, T, BHV, HV, GRP,
+                  s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
+                  s_ab, s_at, s_ah, s_ac, s_wb, s_wt, s_wh, s_wd, s_ub, s_ut, s_uh, s_ud,
+                  s_dkb, s_dkt, s_dkh, s_dkd, s_dvb, s_dvt, s_dvh, s_dvd, s_ob, s_ot, s_oh,
+                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Backward of ``w, u`` (SPEC 1.10.4) for one chunk and value head, ``T = A``:
+
+    pass 1 (V tiles, then K tiles): ``dv = β ⊙ Tᵀdu``, ``dβ += Σ v ⊙ Tᵀdu``, and both
+    ``dT = du·b_vᵀ + dw·b_kᵀ`` and ``dTᵀ`` (each from operands loaded in the needed orientation);
+    middle: ``dM = −Tᵀ·dT·Tᵀ`` (strictly lower) and ``dMᵀ = −T·dTᵀ·T`` (strictly upper), ``Q = dM ⊙ D``,
+    ``Pᵀ = dMᵀ ⊙ Dᵀ ⊙ β_col`` with ``D_ij = e^{G_i − G_j}``;
+    pass 2 (K tiles): ``dk = β e^{G} ⊙ Tᵀdw + β ⊙ (Q k) + Pᵀ k``; the ``k·(…)`` row sums give the
+    ``M`` parts of ``dβ`` (``Σ_j dM_ij D_ij k_i·k_j``) and ``dG`` (``β_i Σ_j … − Σ_l P_li k_l·k_i``).
+    ``dk`` is written per value head (fp32); the launcher sums value heads sharing a q/k head."""
+    i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
+    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    o = tl.arange(0, BT)
+    rows = start + o
+    valid = rows < eos
+    m2 = valid[:, None] & valid[None, :]
+    a_base = a_ptr + i_b * s_ab + i_h * s_ah
+    # Tt[i, j] = T[j, i]; T, Tt, Q, Pt only feed products: held in the dot operand dtype (k's)
+    b_Tt = tl.load(a_base + rows[None, :] * s_at + o[:, None] * s_ac, mask=m2, other=0.0).to(tl.float32)
+    b_Tt = b_Tt.to(k_ptr.dtype.element_ty)
+    b_beta = tl.load(beta_ptr + i_b * s_bb + rows * s_bt + i_h * s_bh, mask=valid, other=0.0).to(tl.float32)
+    if HAS_G:
+        b_g = tl.load(g_ptr + i_b * s_gb + rows * s_gt + i_h * s_gh, mask=valid, other=0.0).to(tl.float32)
+        b_eg = tl.exp(tl.where(valid, b_g, 0.0))
+    else:
+        b_g = tl.zeros([BT], dtype=tl.float32)
+        b_eg = tl.full([BT], 1.0, dtype=tl.float32)
+    b_bk = b_beta * b_eg
+    b_dT = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dTt = tl.zeros([BT, BT], dtype=tl.float32)
+    b_db = tl.zeros([BT], dtype=tl.float32)
+
+    v_base = v_ptr + i_b * s_vb + i_h * s_vh
+    du_base = du_ptr + i_b * s_ub + i_h * s_uh
+    dv_base = dv_ptr + i_b * s_dvb + i_h * s_dvh
+    for i_v in range((V + BV - 1) // BV):
+        d = i_v * BV + tl.arange(0, BV)
+        dm = d < V
+        mr = valid[:, None] & dm[None, :]
+        mc = dm[:, None] & valid[None, :]
+        b_v = tl.load(v_base + rows[:, None] * s_vt + d[None, :] * s_vd, mask=mr, other=0.0).to(tl.float32)
+        b_vt = tl.load(v_base + rows[None, :] * s_vt + d[:, None] * s_vd, mask=mc, other=0.0).to(tl.float32)
+        b_du = tl.load(du_base + rows[:, None] * s_ut + d[None, :] * s_ud, mask=mr, other=0.0).to(tl.float32)
+        b_dut = tl.load(du_base + rows[None, :] * s_ut + d[:, None] * s_ud, mask=mc, other=0.0).to(tl.float32)
+        b_Tdu = _dot(b_Tt, b_du, k_ptr.dtype.element_ty)
+        tl.store(dv_base + rows[:, None] * s_dvt + d[None, :] * s_dvd,
+                 (b_beta[:, None] * b_Tdu).to(dv_ptr.dtype.element_ty), mask=mr)
+        b_db += tl.sum(b_v * b_Tdu, 1)
+        b_dT += _dot(b_du, b_vt * b_beta[None, :], k_ptr.dtype.element_ty)
+        b_dTt += _dot(b_v * b_beta[:, None], b_dut, k_ptr.dtype.element_ty)
+
+    k_base = k_ptr + i_b * s_kb + i_hk * s_kh
+    dw_base = dw_ptr + i_b * s_wb + i_h * s_wh
+    for i_k in range((K + BK - 1) // BK):
+        d = i_k * BK + tl.arange(0, BK)
+        dm = d < K
+        mr = valid[:, None] & dm[None, :]
+        mc = dm[:, None] & valid[None, :]
+        b_k = tl.load(k_base + rows[:, None] * s_kt + d[None, :] * s_kd, mask=mr, other=0.0).to(tl.float32)
+        b_kt = tl.load(k_base + rows[None, :] * s_kt + d[:, None] * s_kd, mask=mc, other=0.0).to(tl.float32)
+        b_dw = tl.load(dw_base + rows[:, None] * s_wt + d[None, :] * s_wd, mask=mr, other=0.0).to(tl.float32)
+        b_dwt = tl.load(dw_base + rows[None, :] * s_wt + d[:, None] * s_wd, mask=mc, other=0.0).to(tl.float32)
+        b_dT += _dot(b_dw, b_kt * b_bk[None, :], k_ptr.dtype.element_ty)
+        b_dTt += _dot(b_k * b_bk[:, None], b_dwt, k_ptr.dtype.element_ty)
+
+    lower = (o[:, None] > o[None, :]) & m2
+    upper = (o[:, None] < o[None, :]) & m2
+    b_dM = -_dot(b_Tt, _dot(b_dT, b_Tt, k_ptr.dtype.element_ty), k_ptr.dtype.element_ty)
+    b_T = tl.load(a_base + rows[:, None] * s_at + o[None, :] * s_ac, mask=m2, other=0.0).to(tl.float32)
+    b_T = b_T.to(k_ptr.dtype.element_ty)
+    b_dMt = -_dot(b_T, _dot(b_dTt, b_T, k_ptr.dtype.element_ty), k_ptr.dtype.element_ty)
+    # Q = dM ⊙ D (strictly lower), Pt = (dM ⊙ D ⊙ β_row)ᵀ (strictly upper)
+    b_Q = tl.where(lower, b_dM * tl.exp(tl.where(lower, b_g[:, None] - b_g[None, :], 0.0)), 0.0)
+    b_Pt = tl.where(upper, b_dMt * tl.exp(tl.where(upper, b_g[None, :] - b_g[:, None], 0.0)) * b_beta[None, :], 0.0)
+    b_Q = b_Q.to(k_ptr.dtype.element_ty)
+    b_Pt = b_Pt.to(k_ptr.dtype.element_ty)
+
+    b_dg = tl.zeros([BT], dtype=tl.float32)
+    dk_base = dk_ptr + i_b * s_dkb + i_h * s_dkh
+    for i_k in range((K + BK - 1) // BK):
+        d = i_k * BK + tl.arange(0, BK)
+        mr = valid[:, None] & (d < K)[None, :]
+        b_k = tl.load(k_base + rows[:, None] * s_kt + d[None, :] * s_kd, mask=mr, other=0.0).to(tl.float32)
+        b_dw = tl.load(dw_base + rows[:, None] * s_wt + d[None, :] * s_wd, mask=mr, other=0.0).to(tl.float32)
+        b_Tdw = _dot(b_Tt, b_dw, k_ptr.dtype.element_ty)
+        b_Qk = _dot(b_Q, b_k, k_ptr.dtype.element_ty)
+        b_Ptk = _dot(b_Pt, b_k, k_ptr.dtype.element_ty)
+        b_dk = b_bk[:, None] * b_Tdw + b_beta[:, None] * b_Qk + b_Ptk
+        tl.store(dk_base + rows[:, None] * s_dkt + d[None, :] * s_dkd, b_dk.to(dk_ptr.dtype.element_ty), mask=mr)
+        kTdw = tl.sum(b_k * b_Tdw, 1)
+        kQk = tl.sum(b_k * b_Qk, 1)
+        b_db += b_eg * kTdw + kQk
+        b_dg += b_bk * kTdw + b_beta * kQk - tl.sum(b_k * b_Ptk, 1)
+
+    tl.store(db_ptr + i_b * s_ob + rows * s_ot + i_h * s_oh, b_db, mask=valid)
+    if HAS_G:
+        tl.store(dg_ptr + i_b * s_ob + rows * s_ot + i_h * s_oh, b_dg, mask=valid)
