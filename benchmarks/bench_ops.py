@@ -268,6 +268,44 @@ def group_mhc(copy_gbs: float) -> None:
     bench(f"mhc_post [{B}, {T}, {n}, {D}] bf16", impls, nbx / n + 2 * nbx, nbx + nbx / n + 2 * nbx, copy_gbs)
 
 
+def _gdn_inputs(B, T, H, K, V, cu=None):
+    q = torch.randn(B, T, H, K, device=DEV, dtype=torch.bfloat16).requires_grad_()
+    k = torch.randn(B, T, H, K, device=DEV, dtype=torch.bfloat16).requires_grad_()
+    v = torch.randn(B, T, H, V, device=DEV, dtype=torch.bfloat16).requires_grad_()
+    g = F.logsigmoid(torch.rand(B, T, H, device=DEV)).requires_grad_()
+    beta = torch.rand(B, T, H, device=DEV).sigmoid().to(torch.bfloat16).requires_grad_()
+    return q, k, v, g, beta
+
+
+def group_gdn(copy_gbs: float, with_bwd: bool = True) -> None:
+    """Issue-4 shapes, K = V = 128, qk l2norm in kernel, bf16; floors: the minimum bytes (q, k, v, g, beta
+    read, o written) and the chunked FLOPs (kkt, w/u, state update, output) per shape."""
+    fla_gdr = _peer("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
+    lens = [3000, 1000, 2500, 1500, 4000, 500, 2884, 1000]  # 8 unequal sequences, 16384 tokens
+    for B, T, H, cu_list in ((1, 8192, 16, None), (1, 32768, 32, None), (1, 16384, 16, lens)):
+        K = V = 128
+        cu = None if cu_list is None else torch.tensor([0] + torch.tensor(cu_list).cumsum(0).tolist(),
+                                                         device=DEV, dtype=torch.int64)
+        q, k, v, g, beta = _gdn_inputs(B, T, H, K, V)
+        ins = (q, k, v, g, beta)
+
+        def ours():
+            return api.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
+        impls = {"ours": (ours, _grad(lambda: ours().float().sum(), ins) if with_bwd else None)}
+        if fla_gdr is not None:
+            def fla():
+                return fla_gdr(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
+            impls["fla chunk_gated_delta_rule"] = (fla, _grad(lambda: fla().float().sum(), ins) if with_bwd else None)
+        nb = B * T * H * (K + K + V + V) * 2 + B * T * H * (4 + 2)
+        flops = 2.0 * B * T * H * 64 * (K + K + V + K + V) + 2.0 * B * T * H * K * V * 3
+        name = f"chunk_gated_delta_rule B{B} T{T} H{H} K=V=128" + ("" if cu is None else f" varlen {len(lens)} seqs")
+        print(f"# {name}: floor {nb / copy_gbs / 1e6:.3f} ms of bytes ({nb / 1e6:.0f} MB), "
+              f"{flops / 1e9:.1f} GFLOP fwd", flush=True)
+        bench(name, impls, nb, None, copy_gbs)
+        del q, k, v, g, beta, ins, impls
+        torch.cuda.empty_cache()
+
+
 def render(doc: dict) -> str:
     """Markdown tables (one per case) from a bench_ops.json document."""
     env = doc["env"]
@@ -296,7 +334,8 @@ def render(doc: dict) -> str:
     return "\n".join(out)
 
 
-GROUPS = {"loss": group_loss, "conv": group_conv, "moe": group_moe, "mhc": group_mhc}
+GROUPS = {"loss": group_loss, "conv": group_conv, "moe": group_moe, "mhc": group_mhc, "gdn": group_gdn,
+          "gdn_fwd": lambda c: group_gdn(c, with_bwd=False)}
 
 
 def main() -> int:
