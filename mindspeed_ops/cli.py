@@ -1,5 +1,6 @@
-"""``mindspeed-ops`` command line: ``info`` (device, versions, backends, per-op dispatch) and ``check``
-(every operator against its float64 reference on this machine). The checking itself lives in
+"""``mindspeed-ops`` command line: ``info`` (device, versions, backends, per-op dispatch), ``check``
+(every operator against its float64 reference on this machine) and ``atk`` (the accuracy / performance /
+memory / determinism harness, :mod:`mindspeed_ops.atk`). The checking itself lives in
 :mod:`mindspeed_ops.check_runner`; this module parses arguments and prints.
 
 No mindspeed_ops kernel module may be imported at the top of this file: ``check`` on a CPU must set
@@ -239,6 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     cc = sub.add_parser("compile-check", help="compile every Triton kernel/config for sm_80/sm_90 without a GPU")
     compile_check.build_parser(cc)
+    from .atk import cli as atk_cli  # no kernel imports at its top either
+
+    atk_cli.build_parser(sub.add_parser("atk", help="accuracy/performance/memory/determinism harness "
+                                                    "(tests/atk_tests/*.yaml)"))
     return p
 
 
@@ -254,6 +259,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from . import compile_check
 
         return compile_check.run_cli(args)
+    if args.command == "atk":
+        from .atk import cli as atk_cli
+
+        return atk_cli.run_cli(args, parser)
     parser.print_help()
     return 2
 

@@ -1,0 +1,216 @@
+"""``mindspeed-ops atk``: arguments and console output of the ATK harness (:mod:`.runner` does the work).
+
+No kernel module is imported here: on CPU the runner switches ``TRITON_INTERPRET=1`` on first.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from typing import Optional
+
+from .schema import SUITES
+
+
+def _split(values: Optional[list]) -> Optional[list]:
+    if values is None:
+        return None
+    return [v for item in values for v in str(item).split(",") if v.strip()]
+
+
+def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``atk`` arguments to ``p`` (a sub-parser of ``mindspeed-ops``)."""
+    p.description = ("Accuracy, performance, memory and determinism of every operator from the case files "
+                     "tests/atk_tests/<op>.yaml. On CPU: accuracy (+ determinism) at the cpu-marked shapes, Triton "
+                     "under the interpreter and the reference backend.")
+    p.add_argument("--ops", nargs="+", metavar="OP", help="only these ops (space or comma separated; default: all files)")
+    p.add_argument("--suite", nargs="+", default=["all"], metavar="SUITE",
+                   help=f"{'|'.join(SUITES)}|all (several allowed; default all: on CPU accuracy+determinism)")
+    p.add_argument("--out", metavar="DIR", help="write report.md, report.json and plots/ here")
+    p.add_argument("--summary-md", metavar="PATH",
+                   help="also write the summary table (op, ours ms, best other ms, ratio, %% of ceiling) to PATH")
+    p.add_argument("--from-json", nargs="+", metavar="REPORT_JSON",
+                   help="run nothing: re-render report.md/plots (into --out) and --summary-md from one or more "
+                        "report.json (several are merged, e.g. per-family GPU jobs)")
+    p.add_argument("--dtypes", help="comma-separated subset of fp32,fp16,bf16 (default: each case's own per suite)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available, else cpu")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--small", dest="small", action="store_true", default=None,
+                      help="only the cpu-marked (small) shape points (default on CPU)")
+    size.add_argument("--full", dest="small", action="store_false", help="every shape point (default on GPU)")
+    p.add_argument("--quick", action="store_true", help="per case only the quick-marked points (else the last one)")
+    p.add_argument("--cases", nargs="+", metavar="TEXT", help="only cases whose name contains one of these")
+    p.add_argument("--backends", help="accuracy backends, comma-separated (default: the dispatched one; on CPU "
+                                      "also 'reference')")
+    p.add_argument("--check-cases", action="store_true",
+                   help="accuracy also runs the ops' check cases (the registry of `mindspeed-ops check`)")
+    p.add_argument("--baselines", help="comma-separated baseline names to run (default: every one a case lists; "
+                                       "'none': ours only)")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines (slow to compile)")
+    p.add_argument("--direction", default="fwd,fwd+bwd", help="fwd, fwd+bwd or both (default)")
+    p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
+    p.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
+    p.add_argument("--copy-gib", type=float, default=2.0, help="buffer size of the copy-bandwidth ceiling")
+    p.add_argument("--time-budget", type=float, metavar="SECONDS",
+                   help="start no new run after this many seconds (the report lists what was left), e.g. to fit "
+                        "a time-limited GPU job")
+    p.add_argument("--no-plots", action="store_true", help="do not draw the PNG plots")
+    p.add_argument("--atk-dir", metavar="DIR", help="case-file directory (default: tests/atk_tests of this checkout)")
+    p.add_argument("--list", action="store_true", help="list the ops, cases and shape points, run nothing")
+    p.add_argument("--validate", action="store_true", help="validate the case files (and their callables), run nothing")
+    p.add_argument("--verbose", action="store_true", help="log every measured row and print tracebacks")
+    return p
+
+
+def _console():
+    from .runner import _console as c
+
+    return c()
+
+
+def _list(args, con) -> int:
+    from .schema import load_specs
+
+    for spec in load_specs(args.atk_dir, _split(args.ops)):
+        con.print(f"[bold]{spec.op}[/bold] ({spec.family}, SPEC {spec.spec}) {spec.path}")
+        for c in spec.cases:
+            pts = ", ".join(p.text() + (" [cpu]" if p.cpu else "") + (" [quick]" if p.quick else "") for p in c.shapes)
+            con.print(f"  {c.name} ({c.values}; {', '.join(c.suites)}; baselines "
+                      f"{', '.join(b['name'] for b in c.baselines) or '-'}): {pts}", markup=False)
+    return 0
+
+
+def _validate(args, con) -> int:
+    import torch
+
+    from ..check_runner import prepare_device
+    from .runner import resolve_callable
+    from .schema import load_specs
+
+    prepare_device(torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")))
+    specs = load_specs(args.atk_dir, _split(args.ops))
+    bad = 0
+    for spec in specs:
+        for c in spec.cases:
+            for path in (c.call, c.reference):
+                try:
+                    resolve_callable(path)
+                except Exception as e:  # noqa: BLE001
+                    bad += 1
+                    con.print(f"{spec.path}: case {c.name!r}: cannot resolve {path}: {type(e).__name__}: {e}",
+                              markup=False)
+    n = sum(len(s.cases) for s in specs)
+    con.print(f"{len(specs)} case file(s), {n} cases: " + ("valid" if not bad else f"{bad} problem(s)"), markup=False)
+    return 1 if bad else 0
+
+
+def _from_json(args, con) -> int:
+    from .report import load_report, merge_reports, summary_markdown, write_all
+
+    report = merge_reports([load_report(p) for p in args.from_json])
+    if args.out:
+        paths = write_all(args.out, report, plots=not args.no_plots)
+        con.print(f"wrote {paths['md']}, {paths['json']}" + (f", {len(paths['plots'])} plot(s)" if paths["plots"]
+                                                             else ""), markup=False)
+    if args.summary_md:
+        with open(args.summary_md, "w") as f:
+            f.write(summary_markdown(report))
+        con.print(f"wrote {args.summary_md}", markup=False)
+    if not args.out and not args.summary_md:
+        con.print(summary_markdown(report), markup=False)
+    return 0
+
+
+def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Entry point of ``mindspeed-ops atk``; returns the exit code (0 ok, 1 failures, 2 usage errors)."""
+    from .schema import AtkSpecError
+
+    con = _console()
+    try:
+        if args.list:
+            return _list(args, con)
+        if args.validate:
+            return _validate(args, con)
+        if args.from_json:
+            return _from_json(args, con)
+        from .runner import Options, failures, run
+
+        baselines = _split([args.baselines]) if args.baselines else None
+        if baselines == ["none"]:
+            baselines = []
+        if args.no_compile:
+            from .baselines import REGISTRY
+
+            baselines = [b for b in (baselines if baselines is not None else REGISTRY)
+                         if b in REGISTRY and REGISTRY[b].kind != "compile"]
+        directions = tuple(d.strip() for d in args.direction.split(",") if d.strip())
+        if any(d not in ("fwd", "fwd+bwd") for d in directions) or not directions:
+            parser.error("--direction takes fwd, fwd+bwd or fwd,fwd+bwd")
+        argv = sys.argv[1:]
+        command = ("mindspeed-ops " + " ".join(shlex.quote(a) for a in argv)) if "atk" in argv else None
+        opts = Options(command=command, ops=_split(args.ops), suites=args.suite, out=args.out, device=args.device,
+                       dtypes=_split([args.dtypes]) if args.dtypes else None,
+                       backends=_split([args.backends]) if args.backends else None, baselines=baselines,
+                       small=args.small, quick=args.quick, cases=args.cases, directions=directions,
+                       warmup=args.warmup, rep=args.rep, copy_gib=args.copy_gib, plots=not args.no_plots,
+                       summary_md=args.summary_md, atk_dir=args.atk_dir, verbose=args.verbose,
+                       time_budget=args.time_budget, check_cases=args.check_cases)
+        report = run(opts, console=con)
+    except AtkSpecError as e:
+        con.print(str(e), markup=False)
+        return 2
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        parser.error(str(e))
+    _print_summary(report, con)
+    if args.out:
+        con.print(f"wrote {os.path.join(args.out, 'report.md')}, report.json"
+                  + (f", {len(report.get('plots', []))} plot(s)" if report.get("plots") else ""), markup=False)
+    if args.summary_md:
+        con.print(f"wrote {args.summary_md}", markup=False)
+    bad = failures(report)
+    for line in bad:
+        con.print(f"FAIL {line}", markup=False)
+    n_runs = len(report["accuracy"]) + len(report["determinism"])
+    con.print(f"{len(bad)} failure(s)" if bad else f"all {n_runs} checks passed"
+              + (f", {len(report['performance'])} measured rows" if report["performance"] else ""), markup=False)
+    return 1 if bad else 0
+
+
+def _print_summary(report: dict, con) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    acc = report.get("accuracy", [])
+    if len(acc) > 80:  # a GPU run: the full table is in report.md
+        acc = [r for r in acc if not r["passed"]]
+        con.print(f"accuracy: {len(report['accuracy']) - len(acc)} of {len(report['accuracy'])} passed "
+                  "(all rows in report.md)", markup=False)
+    if acc:
+        t = Table(title="atk accuracy")
+        for col in ("op", "case", "shape", "dtype", "backend", "fwd rel_rms", "grad rel_rms", "result"):
+            t.add_column(col)
+        for r in acc:
+            f = r["fwd_rel_rms"]
+            g = r["grad_rel_rms"]
+            t.add_row(*map(escape, (r["op"], r["case"], r["shape"], r["dtype"], r["backend"],
+                                    "-" if f is None else (f if isinstance(f, str) else f"{f:.2e}"),
+                                    "-" if g is None else (g if isinstance(g, str) else f"{g:.2e}"),
+                                    "PASS" if r["passed"] else f"FAIL {r['reason']}")))
+        con.print(t)
+    if report.get("performance"):
+        from .report import summary_rows
+
+        t = Table(title="atk performance (main direction)")
+        for col in ("op", "case", "shape", "dtype", "dir", "ours ms", "best other", "other/ours", "% ceiling"):
+            t.add_column(col)
+        for s in summary_rows(report):
+            t.add_row(*map(escape, (s["op"], s["case"], s["shape"], s["dtype"], s["direction"],
+                                    "x" if s["ours_ms"] is None else f"{s['ours_ms']:.4f}",
+                                    "-" if s["best_impl"] is None else f"{s['best_impl']} {s['best_ms']:.4f}",
+                                    "-" if s["ratio"] is None else f"{s['ratio']:.2f}",
+                                    "-" if s["frac_ceiling"] is None else f"{100 * s['frac_ceiling']:.1f}")))
+        con.print(t)
+
+
+__all__ = ["build_parser", "run_cli"]

@@ -1,0 +1,183 @@
+"""``mindspeed-ops atk`` end to end on CPU: the accuracy suite over shipped case files (what CI runs), a
+failing case, determinism, the performance/memory plumbing with a report, plots and the summary table."""
+import json
+import os
+
+import pytest
+
+from mindspeed_ops import cli
+from tests.conftest import ON_GPU
+
+pytestmark = pytest.mark.skipif(ON_GPU, reason="CPU plumbing (the GPU runs ATK itself)")
+
+
+def _atk(*args, capsys=None):
+    code = cli.main(["atk", *args])
+    out = capsys.readouterr().out if capsys is not None else ""
+    return code, out
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter exp of masked huge logits
+def test_cpu_accuracy_suite_on_shipped_cases(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    out_dir = tmp_path / "report"
+    code, out = _atk("--ops", "rms_norm", "clipped_swiglu", "fused_cross_entropy_loss", "solve_tril",
+                     "--suite", "accuracy", "--dtypes", "fp32", "--out", str(out_dir), capsys=capsys)
+    assert code == 0, out
+    assert "atk accuracy" in out and "PASS" in out and "FAIL" not in out and "checks passed" in out
+    rep = json.loads((out_dir / "report.json").read_text())
+    assert rep["format"] == "mindspeed-ops-atk/1" and rep["complete"] is True
+    assert rep["meta"]["suites"] == ["accuracy"] and rep["meta"]["device"] == "cpu"
+    acc = rep["accuracy"]
+    assert acc and all(r["passed"] for r in acc)
+    assert {r["op"] for r in acc} == {"rms_norm", "clipped_swiglu", "fused_cross_entropy_loss", "solve_tril"}
+    assert {r["dtype"] for r in acc} == {"fp32"}
+    # CPU: Triton under the interpreter and the reference backend (registered ops only)
+    assert {r["backend"] for r in acc if r["op"] == "rms_norm"} == {"triton", "reference"}
+    assert {r["backend"] for r in acc if r["op"] == "solve_tril"} == {"triton"}
+    assert {r["values"] for r in acc} == {"normal", "boundary", "special"}
+    nan_case = [r for r in acc if r["case"] == "NaN propagation"]
+    assert nan_case and all(r["nonfinite"] > 0 for r in nan_case)  # NaN where the SPEC mandates it, masks equal
+    grads = {c["name"] for r in acc if r["op"] == "rms_norm" for c in r["comparisons"]}
+    assert grads == {"out", "dx", "dweight"}
+    assert not rep["performance"] and not rep["determinism"]
+    md = (out_dir / "report.md").read_text()
+    assert "# mindspeed-ops ATK report" in md and "## Accuracy" in md and f"{len(acc)} of {len(acc)} passed" in md
+    assert "Triton kernels under the interpreter" in md
+
+
+def test_failing_case_and_determinism(tmp_path, capsys):
+    d = tmp_path / "cases"
+    d.mkdir()
+    # the rms_norm kernel checked against the l2norm reference: a clear FAIL row, exit code 1
+    (d / "rms_norm.yaml").write_text(
+        "op: rms_norm\nfamily: norm\nreference: mindspeed_ops.ops.norm.reference:l2norm\n"
+        "inputs:\n  x: {shape: [N, D]}\ngrads: [x]\n"
+        "cases:\n  - name: wrong reference\n    suites: [accuracy, determinism]\n"
+        "    shapes: [{N: 4, D: 32, cpu: true}]\n")
+    code, out = _atk("--atk-dir", str(d), "--suite", "accuracy", "determinism", "--dtypes", "fp32",
+                     "--backends", "triton", "--out", str(tmp_path / "r"), capsys=capsys)
+    assert code == 1
+    assert "FAIL accuracy rms_norm / wrong reference" in out and "rel_rms" in out
+    rep = json.loads((tmp_path / "r" / "report.json").read_text())
+    (acc,) = rep["accuracy"]
+    assert not acc["passed"] and acc["backend"] == "triton" and acc["fwd_rel_rms"] > 1e-3
+    (det,) = rep["determinism"]
+    assert det["passed"] and det["fwd_bitwise"] is True and det["bwd_bitwise"] is True
+    assert "## Determinism" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_check_cases_join_the_accuracy_suite(tmp_path, capsys):
+    # --check-cases reuses the ops' CheckCases (mindspeed-ops check's registry) through check_runner
+    code, out = _atk("--ops", "clipped_swiglu", "--suite", "accuracy", "--check-cases", "--dtypes", "fp32",
+                     "--backends", "triton", "--cases", "NaN", "--out", str(tmp_path), capsys=capsys)
+    assert code == 0, out
+    acc = json.loads((tmp_path / "report.json").read_text())["accuracy"]
+    checks = [r for r in acc if r["case"].startswith("check: ")]
+    assert len(checks) == 3 and all(r["passed"] and r["backend"] == "triton" for r in checks)
+    assert {r["case"] for r in acc} - {r["case"] for r in checks} == {"NaN propagation"}
+
+
+def test_bad_case_file_exit_code(tmp_path, capsys):
+    (tmp_path / "rms_norm.yaml").write_text("op: rms_norm\nfamily: norm\nreference: x:y\ncases: []\n")
+    code, out = _atk("--atk-dir", str(tmp_path), "--suite", "accuracy", capsys=capsys)
+    assert code == 2
+    assert "problem(s) in ATK case file" in out and "cases: missing or empty" in out
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--ops", "no_such_op"], "no ATK case file for no_such_op"),
+    (["--suite", "speed"], "unknown suite(s) speed"),
+    (["--dtypes", "fp8"], "unknown dtype(s) fp8"),
+    (["--baselines", "eagre"], "unknown baseline(s) eagre"),
+    (["--direction", "bwd"], "--direction takes"),
+])
+def test_bad_arguments(argv, msg, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["atk", *argv])
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+PERF_CASE = """\
+op: clipped_swiglu
+family: activation
+reference: mindspeed_ops.ops.activation.reference:clipped_swiglu
+inputs:
+  gate_up: {shape: [N, 2*I], scale: 4.0}
+grads: [gate_up]
+cost: {bytes_fwd: 3*N*I*e, bytes_bwd: 5*N*I*e}
+memory: {bound_fwd_bwd: 10 * 2**30}
+dtypes: [fp32]
+baselines: [eager, fake_peer, liger_rms_norm]
+cases:
+  - name: split
+    shapes: [{N: 4, I: 8, cpu: true}, {N: 8, I: 8, cpu: true}]
+"""
+
+
+def test_performance_memory_plumbing_report_plots_summary(tmp_path, capsys, monkeypatch):
+    from mindspeed_ops.atk import baselines as bl
+    from mindspeed_ops.atk.measure import Impl
+
+    # a peer registered the documented way (here: the reference under another name)
+    monkeypatch.setitem(bl.REGISTRY, "fake_peer", bl.Baseline(
+        "fake_peer", "peer", "FakeLib", None, None,
+        lambda ctx: Impl("fake", "peer", ctx.reference, note="the reference again", library="FakeLib")))
+    monkeypatch.setattr(bl, "_status", lambda module, dist: (True, "test") if module is None else (False, "not here"))
+    d = tmp_path / "cases"
+    d.mkdir()
+    (d / "clipped_swiglu.yaml").write_text(PERF_CASE)
+    out_dir, summary = tmp_path / "r", tmp_path / "docs" / "summary.md"
+    code, out = _atk("--atk-dir", str(d), "--suite", "performance", "memory", "--out", str(out_dir),
+                     "--summary-md", str(summary), "--warmup", "1", "--rep", "1", capsys=capsys)
+    assert code == 0, out
+    rep = json.loads((out_dir / "report.json").read_text())
+    rows = rep["performance"]
+    assert {r["impl"] for r in rows} == {"ours", "eager", "fake"}
+    assert {r["direction"] for r in rows} == {"fwd", "fwd+bwd"} and len(rows) == 2 * 2 * 3
+    for r in rows:
+        assert r["error"] is None and r["median_ms"] > 0 and r["gbs"] > 0
+        assert r["bytes"] == (3 if r["direction"] == "fwd" else 8) * r["dims"]["N"] * 8 * 4
+        assert r["family"] == "activation" and r["size"] == r["dims"]["N"] * 16
+        assert r["vs_ours"] is not None and r["peak_extra_mib"] is None  # no CUDA allocator on CPU
+        if r["direction"] == "fwd":
+            assert r["relerr"] is not None and r["relerr"] < 1e-6  # sanity check against the eager output
+        if r["kind"] == "ours":
+            assert r["vs_ours"] == 1.0
+            if r["direction"] == "fwd+bwd":
+                assert r["mem_bound_mib"] == 10 * 1024 and r["mem_within_bound"] is None
+    assert [s["baseline"] for s in rep["skipped"]] == ["liger_rms_norm"] * 2
+    assert "not here" in rep["skipped"][0]["reason"]
+    md = (out_dir / "report.md").read_text()
+    for section in ("## Baselines", "## Summary", "## Performance", "## Memory", "## Baselines not run",
+                    "## Plots", "![activation](plots/activation.png)", "CPU run: timings are host wall-clock"):
+        assert section in md, section
+    assert (out_dir / "plots" / "activation.png").stat().st_size > 1000
+    text = summary.read_text()
+    assert "| op | case | shape | dtype | dir | ours ms | best other (ms) | other/ours | ours % of ceiling |" in text
+    assert text.count("| clipped_swiglu | split |") == 2
+    # re-render from the JSON without running anything
+    code, out = _atk("--from-json", str(out_dir / "report.json"), "--summary-md", str(tmp_path / "s2.md"),
+                     "--out", str(tmp_path / "r2"), "--no-plots", capsys=capsys)
+    assert code == 0 and (tmp_path / "s2.md").read_text() == text
+    assert os.path.exists(tmp_path / "r2" / "report.md")
+    # several runs (e.g. per-family GPU jobs) merge into one report
+    code, out = _atk("--from-json", str(out_dir / "report.json"), str(out_dir / "report.json"),
+                     "--out", str(tmp_path / "r3"), "--no-plots", capsys=capsys)
+    merged = json.loads((tmp_path / "r3" / "report.json").read_text())
+    assert code == 0 and len(merged["performance"]) == 2 * len(rows) and "merged from 2 runs:" in merged["notes"]
+
+
+def test_time_budget_stops_early(tmp_path, capsys):
+    code, out = _atk("--ops", "rms_norm", "--suite", "accuracy", "--time-budget", "0", "--out", str(tmp_path),
+                     capsys=capsys)
+    assert code == 0 and "time budget of 0 s reached" in out
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert not rep["accuracy"] and rep["not_run"] and "time budget" in (tmp_path / "report.md").read_text()
+
+
+def test_list_and_validate(capsys):
+    code, out = _atk("--list", "--ops", "rms_norm,solve_tril", capsys=capsys)
+    assert code == 0 and "rms_norm (norm, SPEC 1.2)" in out and "kkt A" in out and "[cpu]" in out
+    code, out = _atk("--validate", capsys=capsys)
+    assert code == 0 and "valid" in out
