@@ -8,7 +8,7 @@ import torch
 from ... import triton_utils as tu
 from ..common import unit_last_stride
 from ...validation import check_same_device, check_same_dtype, check_tensor, reject_float64, shape_str
-from .mhc_pre_bmm import _tile, _x3, check_n
+from .mhc_pre_bmm import _THREADS, _WARPS, _vec, _x3, block_d, check_n, stream_tile, vector_aligned
 
 OP = "mhc_post"
 
@@ -35,6 +35,19 @@ def _x2(x, M, D):
     return unit_last_stride(tu.kernel_input(x).reshape(M, D))
 
 
+def _weights(h, M, *inner):
+    """``h`` as ``[M, *inner]`` with contiguous inner dims (any row stride; else a copy: ``n + n²`` values a
+    token): the kernels address a token's weights as immediate offsets from one pointer."""
+    w = tu.kernel_input(h).reshape(M, *inner)
+    want, size = [], 1
+    for s in reversed(inner):
+        want.insert(0, size)
+        size *= s
+    if any(st != ws and s > 1 for st, ws, s in zip(w.stride()[1:], want, inner)):
+        w = w.contiguous()
+    return w
+
+
 def forward(x, residual, h_post, h_res):
     from .triton_kernels import mhc_post_fwd_kernel
 
@@ -43,13 +56,13 @@ def forward(x, residual, h_post, h_res):
     out = torch.empty(M, n, D, dtype=tu.kernel_dtype(x.dtype), device=x.device)
     if M and D:
         x2, r3 = _x2(x, M, D), _x3(residual, M, n, D)
-        hp = tu.kernel_input(h_post).reshape(M, n)
-        hr = tu.kernel_input(h_res).reshape(M, n, n)
-        NP, BT, BD, warps = _tile(n, D)
-        grid = (tu.cdiv(M, BT), tu.cdiv(D, BD))
+        hp, hr = _weights(h_post, M, n), _weights(h_res, M, n, n)
+        # x and the n residual tiles in registers
+        BT, BD = stream_tile(D, 16 if n <= 2 else 8, vector_aligned(D, x2, r3, out))
+        grid = (tu.cdiv(M, BT) * tu.cdiv(D, BD),)
         mhc_post_fwd_kernel[grid](x2, r3, hp, hr, out, M, D, x2.stride(0), r3.stride(0), r3.stride(1),
-                                  hp.stride(0), hp.stride(1), hr.stride(0), hr.stride(1), hr.stride(2),
-                                  out.stride(0), out.stride(1), N=n, NP=NP, BT=BT, BD=BD, num_warps=warps)
+                                  hp.stride(0), hr.stride(0), out.stride(0), out.stride(1),
+                                  N=n, BT=BT, BD=BD, num_warps=_WARPS)
     return tu.finish(out, x.dtype).view(residual.shape)
 
 
@@ -65,15 +78,21 @@ def backward(dout, x, residual, h_post, h_res):
     dhr = torch.empty(M, n, n, dtype=tu.kernel_dtype(h_res.dtype), device=dev)
     if M and D:
         x2, r3 = _x2(x, M, D), _x3(residual, M, n, D)
-        hp = tu.kernel_input(h_post).reshape(M, n)
-        hr = tu.kernel_input(h_res).reshape(M, n, n)
+        hp, hr = _weights(h_post, M, n), _weights(h_res, M, n, n)
         g = tu.kernel_input(dout).reshape(M, n, D)
-        NP, BT, BD, warps = _tile(n, D, 2048 if n > 4 else 4096)  # n = 8: keeps the [NP, NP] sums unspilled
+        # a tile row is one warp's 32 lanes x per_row elements (a 16-byte vector, fewer when the n fp32
+        # dout tiles would pass 32 registers a thread); the warps take different rows, so the n + n² dot
+        # products of a tile reduce in each lane's registers (VEC = per_row), across lanes once at the end
+        # (one element a lane when the accesses cannot be vectors: per_row would not be the lane's run)
+        per_row = min(_vec(x.dtype), 1 << ((32 // n).bit_length() - 1))
+        if not vector_aligned(D, x2, r3, g, dx, dr):
+            per_row = 1
+        BD = block_d(D, 32 * per_row)
+        BT = max(_WARPS, (_THREADS * per_row) // BD)
         mhc_post_bwd_kernel[(tu.cdiv(M, BT),)](x2, r3, hp, hr, g, dx, dr, dhp, dhr, M, D, x2.stride(0),
-                                               r3.stride(0), r3.stride(1), hp.stride(0), hp.stride(1),
-                                               hr.stride(0), hr.stride(1), hr.stride(2), g.stride(0),
-                                               g.stride(1), g.stride(2), N=n, NP=NP, BT=BT, BD=BD,
-                                               num_warps=warps)
+                                               r3.stride(0), r3.stride(1), hp.stride(0), hr.stride(0),
+                                               g.stride(0), g.stride(1), g.stride(2), N=n, BT=BT, BD=BD,
+                                               VEC=min(per_row, BD), num_warps=_WARPS)
     elif M:
         dhp.zero_()
         dhr.zero_()

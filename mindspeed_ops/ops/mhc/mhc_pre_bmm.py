@@ -34,12 +34,46 @@ def check_args(pre, x, out_dtype) -> tuple[int, int]:
     return n, D
 
 
-def _tile(n: int, D: int, budget: int = 4096) -> tuple[int, int, int, int]:
-    """(NP, BT, BD, warps): ~``budget`` elements of x a program (16 KB fp32)."""
-    NP = max(2, tu.next_power_of_2(n))
-    bd = min(max(16, tu.next_power_of_2(D)), max(16, budget // NP))
-    bt = max(1, budget // (NP * bd))
-    return NP, bt, bd, 8 if NP * bd * bt >= 4096 else 4
+#: warps of every mHC stream kernel (pre/post, forward and backward); the launchers size the
+#: ``[BT, BD]`` stream tiles in elements a thread (8 = one 16-byte vector of a 16-bit dtype)
+_WARPS = 4
+_THREADS = 32 * _WARPS
+
+
+def _vec(dtype: torch.dtype) -> int:
+    """Elements of one 16-byte vector of ``dtype`` as the kernel sees it (bf16 is fp32 when interpreting)."""
+    return 16 // tu.kernel_dtype(dtype).itemsize
+
+
+def block_d(D: int, cap: int) -> int:
+    """Power-of-two tile of the hidden dim (16..``cap``): the largest one whose masked padding is at most
+    1/8 of ``D`` (1280 -> 256, 2560 -> 512, 4096/7168 -> 1024), else the one with the least padding."""
+    bd = min(cap, max(16, tu.next_power_of_2(D)))
+    best, best_pad = bd, None
+    while bd >= 16:
+        pad = tu.cdiv(D, bd) * bd - D
+        if 8 * pad <= D:
+            return bd
+        if best_pad is None or pad < best_pad:
+            best, best_pad = bd, pad
+        bd //= 2
+    return best
+
+
+def vector_aligned(D: int, *tensors: torch.Tensor) -> bool:
+    """Whether the D-contiguous accesses of ``tensors`` become 16-byte vectors on the GPU: what Triton's
+    specialization can prove (``D``, every stride but the last and each base address multiples of 16)."""
+    return D % 16 == 0 and all(t.data_ptr() % 16 == 0 and all(st % 16 == 0 for st in t.stride()[:-1])
+                               and t.stride(-1) == 1 for t in tensors)
+
+
+def stream_tile(D: int, per_thread: int, aligned: bool = True, cap: int = 1024) -> tuple[int, int]:
+    """``(BT, BD)`` of a ``[rows, hidden]`` tile holding ``per_thread`` elements a thread (of ``_THREADS``);
+    at most 4 when the accesses cannot be vectors (each element then needs its own address)."""
+    bd = block_d(D, cap)
+    if not aligned:
+        per_thread = min(per_thread, 4)
+    return max(1, (_THREADS * per_thread) // bd), bd
 
 
 def _x3(x, M, n, D):
@@ -57,10 +91,10 @@ def forward(pre, x, out_dtype: Optional[torch.dtype] = None):
     if M and D:
         x3 = _x3(x, M, n, D)
         p = tu.kernel_input(pre).reshape(M, n)
-        NP, BT, BD, warps = _tile(n, D)
-        grid = (tu.cdiv(M, BT), tu.cdiv(D, BD))
+        BT, BD = stream_tile(D, 16, vector_aligned(D, x3, y))
+        grid = (tu.cdiv(M, BT) * tu.cdiv(D, BD),)
         mhc_pre_bmm_fwd_kernel[grid](p, x3, y, M, D, p.stride(0), p.stride(1), x3.stride(0), x3.stride(1),
-                                     y.stride(0), N=n, NP=NP, BT=BT, BD=BD, num_warps=warps)
+                                     y.stride(0), N=n, BT=BT, BD=BD, num_warps=_WARPS)
     return tu.finish(y, od).view(*lead, D)
 
 
@@ -76,10 +110,11 @@ def backward(dy, pre, x, out_dtype: Optional[torch.dtype] = None):
             x3 = _x3(x, M, n, D)
             p = tu.kernel_input(pre).reshape(M, n)
             g = tu.kernel_input(dy).reshape(M, D)
-            NP, BT, BD, warps = _tile(n, D)
+            # n fp32 [BT, BD] accumulators: 8 elements a thread each from n = 3 on (64 registers at n = 8)
+            BT, BD = stream_tile(D, 16 if n <= 2 else 8, vector_aligned(D, x3, g, dx))
             mhc_pre_bmm_bwd_kernel[(tu.cdiv(M, BT),)](p, x3, g, dp, dx, M, D, p.stride(0), p.stride(1),
                                                       x3.stride(0), x3.stride(1), g.stride(0), g.stride(1),
-                                                      N=n, NP=NP, BT=BT, BD=BD, num_warps=warps)
+                                                      N=n, BT=BT, BD=BD, num_warps=_WARPS)
         else:
             dp.zero_()
     return tu.finish(dp, pre.dtype).view(pre.shape), tu.finish(dx, x.dtype).view(x.shape)

@@ -202,99 +202,158 @@ def sinkhorn_knopp_bwd_kernel(c_ptr, dp_ptr, dc_ptr, r_ptr, M, sdp_r, sdp_j, sdp
     tl.store(dc_ptr + off, dC.to(dc_ptr.dtype.element_ty), mask=m3)
 
 
+# ---------------------------------------------------------------------------------------------------
+# mhc_pre_bmm / mhc_post: memory-bound stream mixing. Every tile is a 2-D ``[BT rows, BD hidden]``
+# block of one stream (contiguous along D: 16-byte vector loads), the ``n`` streams are unrolled with
+# ``tl.static_range`` and kept in Triton tuples, and the per-token weights are ``[BT]`` vectors, so no
+# kernel needs a layout conversion or a 3-D register tile. The ``n``/``n×n`` weight gradients are
+# reductions over D accumulated in fp32 registers across the D loop and stored once.
+# ---------------------------------------------------------------------------------------------------
+
 @triton.jit
 def mhc_pre_bmm_fwd_kernel(p_ptr, x_ptr, y_ptr, M, D, sp_t, sp_j, sx_t, sx_j, sy_t,
-                           N: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    d = tl.program_id(1) * BD + tl.arange(0, BD)
-    jj = tl.arange(0, NP).to(tl.int64)
+                           N: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """``y[t, d] = Σ_j pre[t, j] · x[t, j, d]``. One program per ``[BT, BD]`` tile of ``y`` (1-D grid:
+    row block major, D block minor); ``x``'s last stride is 1."""
+    pid = tl.program_id(0)
+    nd = (D + BD - 1) // BD
+    rows = (pid // nd).to(tl.int64) * BT + tl.arange(0, BT)
+    d = (pid % nd) * BD + tl.arange(0, BD)
     rmask = rows < M
-    pm = rmask[:, None] & (jj < N)[None, :]
-    p = tl.load(p_ptr + rows[:, None] * sp_t + jj[None, :] * sp_j, mask=pm, other=0.0).to(tl.float32)
-    xm = pm[:, :, None] & (d < D)[None, None, :]
-    x = tl.load(x_ptr + rows[:, None, None] * sx_t + jj[None, :, None] * sx_j + d[None, None, :], mask=xm,
-                other=0.0).to(tl.float32)
-    y = tl.sum(p[:, :, None] * x, axis=1)
-    tl.store(y_ptr + rows[:, None] * sy_t + d[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=rmask[:, None] & (d < D)[None, :])
+    m2 = rmask[:, None] & (d < D)[None, :]
+    xoff = rows[:, None] * sx_t + d[None, :]
+    acc = tl.zeros([BT, BD], dtype=tl.float32)
+    for j in tl.static_range(N):
+        pj = tl.load(p_ptr + rows * sp_t + j * sp_j, mask=rmask, other=0.0).to(tl.float32)
+        xj = tl.load(x_ptr + xoff + j * sx_j, mask=m2, other=0.0).to(tl.float32)
+        acc += pj[:, None] * xj
+    tl.store(y_ptr + rows[:, None] * sy_t + d[None, :], acc.to(y_ptr.dtype.element_ty), mask=m2)
 
 
 @triton.jit
 def mhc_pre_bmm_bwd_kernel(p_ptr, x_ptr, dy_ptr, dp_ptr, dx_ptr, M, D, sp_t, sp_j, sx_t, sx_j, sdy_t, sdy_d,
-                           N: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+                           N: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """``dx[t, j, :] = pre[t, j] · dy[t, :]`` (``dx`` contiguous) and ``dpre[t, j] = ⟨dy[t], x[t, j]⟩``.
+
+    One program per ``BT`` rows, looping over D in ``BD`` tiles; the products ``x_j · dy`` are summed
+    element-wise in ``n`` fp32 ``[BT, BD]`` register tiles and reduced over D once at the end."""
     rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    jj = tl.arange(0, NP).to(tl.int64)
     rmask = rows < M
-    pm = rmask[:, None] & (jj < N)[None, :]
-    p = tl.load(p_ptr + rows[:, None] * sp_t + jj[None, :] * sp_j, mask=pm, other=0.0).to(tl.float32)
-    acc = tl.zeros([BT, NP], dtype=tl.float32)
+    ps = ()
+    acc = ()
+    for j in tl.static_range(N):
+        ps = ps + (tl.load(p_ptr + rows * sp_t + j * sp_j, mask=rmask, other=0.0).to(tl.float32),)
+        acc = acc + (tl.zeros([BT, BD], dtype=tl.float32),)
     for d0 in range(0, D, BD):
         d = tl.cast(d0, tl.int64) + tl.arange(0, BD)
-        dmask = d < D
-        xm = pm[:, :, None] & dmask[None, None, :]
-        xoff = rows[:, None, None] * sx_t + jj[None, :, None] * sx_j + d[None, None, :]
-        x = tl.load(x_ptr + xoff, mask=xm, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + rows[:, None] * sdy_t + d[None, :] * sdy_d, mask=rmask[:, None] & dmask[None, :],
-                     other=0.0).to(tl.float32)
-        acc += tl.sum(x * dy[:, None, :], axis=2)
-        dxoff = rows[:, None, None] * (N * D) + jj[None, :, None] * D + d[None, None, :]  # dx is contiguous
-        tl.store(dx_ptr + dxoff, (p[:, :, None] * dy[:, None, :]).to(dx_ptr.dtype.element_ty), mask=xm)
-    tl.store(dp_ptr + rows[:, None] * N + jj[None, :], acc.to(dp_ptr.dtype.element_ty), mask=pm)
+        m2 = rmask[:, None] & (d < D)[None, :]
+        dy = tl.load(dy_ptr + rows[:, None] * sdy_t + d[None, :] * sdy_d, mask=m2, other=0.0).to(tl.float32)
+        xoff = rows[:, None] * sx_t + d[None, :]
+        dxoff = rows[:, None] * (N * D) + d[None, :]
+        new = ()
+        for j in tl.static_range(N):
+            xj = tl.load(x_ptr + xoff + j * sx_j, mask=m2, other=0.0).to(tl.float32)
+            tl.store(dx_ptr + dxoff + j * D, (ps[j][:, None] * dy).to(dx_ptr.dtype.element_ty), mask=m2)
+            new = new + (acc[j] + xj * dy,)
+        acc = new
+    for j in tl.static_range(N):
+        tl.store(dp_ptr + rows * N + j, tl.sum(acc[j], axis=1).to(dp_ptr.dtype.element_ty), mask=rmask)
 
 
 @triton.jit
-def mhc_post_fwd_kernel(x_ptr, r_ptr, hp_ptr, hr_ptr, o_ptr, M, D, sx_t, sr_t, sr_j, shp_t, shp_k,
-                        shr_t, shr_j, shr_k, so_t, so_k,
-                        N: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    d = tl.program_id(1) * BD + tl.arange(0, BD)
-    kk = tl.arange(0, NP).to(tl.int64)
+def mhc_post_fwd_kernel(x_ptr, r_ptr, hp_ptr, hr_ptr, o_ptr, M, D, sx_t, sr_t, sr_j, shp_t, shr_t, so_t, so_k,
+                        N: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """``out[t, k, d] = h_post[t, k] · x[t, d] + Σ_j h_res[t, j, k] · residual[t, j, d]``. One program per
+    ``[BT, BD]`` tile (1-D grid as in the pre kernel): ``x`` and the ``n`` residual tiles are loaded once
+    and all ``n`` output tiles written. ``h_post``/``h_res`` rows are contiguous (row strides given), so
+    the ``n + n²`` weights of a row are immediate offsets from one address."""
+    pid = tl.program_id(0)
+    nd = (D + BD - 1) // BD
+    rows = (pid // nd).to(tl.int64) * BT + tl.arange(0, BT)
+    d = (pid % nd) * BD + tl.arange(0, BD)
     rmask = rows < M
-    dmask = d < D
-    hm = rmask[:, None] & (kk < N)[None, :]
-    x = tl.load(x_ptr + rows[:, None] * sx_t + d[None, :], mask=rmask[:, None] & dmask[None, :],
-                other=0.0).to(tl.float32)
-    hp = tl.load(hp_ptr + rows[:, None] * shp_t + kk[None, :] * shp_k, mask=hm, other=0.0).to(tl.float32)
-    out = hp[:, :, None] * x[:, None, :]
+    m2 = rmask[:, None] & (d < D)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * sx_t + d[None, :], mask=m2, other=0.0).to(tl.float32)
+    roff = rows[:, None] * sr_t + d[None, :]
+    rs = ()
     for j in tl.static_range(N):
-        hr = tl.load(hr_ptr + rows[:, None] * shr_t + j * shr_j + kk[None, :] * shr_k, mask=hm,
-                     other=0.0).to(tl.float32)
-        r = tl.load(r_ptr + rows[:, None] * sr_t + j * sr_j + d[None, :], mask=rmask[:, None] & dmask[None, :],
-                    other=0.0).to(tl.float32)
-        out += hr[:, :, None] * r[:, None, :]
-    tl.store(o_ptr + rows[:, None, None] * so_t + kk[None, :, None] * so_k + d[None, None, :],
-             out.to(o_ptr.dtype.element_ty), mask=hm[:, :, None] & dmask[None, None, :])
+        rs = rs + (tl.load(r_ptr + roff + j * sr_j, mask=m2, other=0.0).to(tl.float32),)
+    ooff = rows[:, None] * so_t + d[None, :]
+    hpp = hp_ptr + rows * shp_t
+    hrp = hr_ptr + rows * shr_t
+    for k in tl.static_range(N):
+        hp = tl.load(hpp + k, mask=rmask, other=0.0).to(tl.float32)
+        out = hp[:, None] * x
+        for j in tl.static_range(N):
+            hr = tl.load(hrp + (j * N + k), mask=rmask, other=0.0).to(tl.float32)
+            out += hr[:, None] * rs[j]
+        tl.store(o_ptr + ooff + k * so_k, out.to(o_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _lane_sum(v, BT: tl.constexpr, BD: tl.constexpr, VEC: tl.constexpr):
+    """``[BT, BD] -> [BT, BD // VEC]``: sums of consecutive runs of ``VEC`` elements (with ``VEC`` the
+    elements a thread holds, the thread's own registers: no cross-lane traffic)."""
+    return tl.sum(tl.reshape(v, [BT, BD // VEC, VEC]), axis=2)
 
 
 @triton.jit
 def mhc_post_bwd_kernel(x_ptr, r_ptr, hp_ptr, hr_ptr, do_ptr, dx_ptr, dr_ptr, dhp_ptr, dhr_ptr, M, D,
-                        sx_t, sr_t, sr_j, shp_t, shp_k, shr_t, shr_j, shr_k, sdo_t, sdo_k, sdo_d,
-                        N: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+                        sx_t, sr_t, sr_j, shp_t, shr_t, sdo_t, sdo_k, sdo_d,
+                        N: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, VEC: tl.constexpr):
+    """``dx = Σ_k h_post_k · dout_k``, ``dresidual_j = Σ_k h_res[j, k] · dout_k`` (both contiguous),
+    ``dh_post_k = ⟨dout_k, x⟩``, ``dh_res[j, k] = ⟨residual_j, dout_k⟩``.
+
+    One program per ``BT`` rows, looping over D in ``BD`` tiles: the ``n`` ``dout`` tiles of a step stay in
+    registers while ``x`` and each residual tile stream past them. The ``n + n²`` dot products are summed
+    per lane: ``VEC`` is the run of a tile row one thread holds (the launcher makes a tile row one warp's
+    32 runs), so each step adds ``[BT, BD // VEC]`` partials without cross-lane traffic; the lanes are
+    reduced once after the loop. The weights (rows contiguous, as in the forward) are re-read from L1
+    each step at immediate offsets: hoisting their addresses or values out of the D loop would cost
+    ``n + n²`` registers a thread."""
     rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    kk = tl.arange(0, NP).to(tl.int64)
     rmask = rows < M
-    hm = rmask[:, None] & (kk < N)[None, :]
-    hp = tl.load(hp_ptr + rows[:, None] * shp_t + kk[None, :] * shp_k, mask=hm, other=0.0).to(tl.float32)
-    acc_hp = tl.zeros([BT, NP], dtype=tl.float32)
-    acc_hr = tl.zeros([BT, NP, NP], dtype=tl.float32)
+    ahp = ()
+    for k in tl.static_range(N):
+        ahp = ahp + (tl.zeros([BT, BD // VEC], dtype=tl.float32),)
+    ahr = ()
+    for i in tl.static_range(N * N):
+        ahr = ahr + (tl.zeros([BT, BD // VEC], dtype=tl.float32),)
+    hpp = hp_ptr + rows * shp_t
+    hrp = hr_ptr + rows * shr_t
     for d0 in range(0, D, BD):
         d = tl.cast(d0, tl.int64) + tl.arange(0, BD)
         m2 = rmask[:, None] & (d < D)[None, :]
-        m3 = hm[:, :, None] & (d < D)[None, None, :]
-        do = tl.load(do_ptr + rows[:, None, None] * sdo_t + kk[None, :, None] * sdo_k + d[None, None, :] * sdo_d,
-                     mask=m3, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + rows[:, None] * sx_t + d[None, :], mask=m2, other=0.0).to(tl.float32)
-        tl.store(dx_ptr + rows[:, None] * D + d[None, :],
-                 tl.sum(hp[:, :, None] * do, axis=1).to(dx_ptr.dtype.element_ty), mask=m2)
-        acc_hp += tl.sum(do * x[:, None, :], axis=2)
+        dooff = rows[:, None] * sdo_t + d[None, :] * sdo_d
+        dos = ()
+        for k in tl.static_range(N):
+            dos = dos + (tl.load(do_ptr + dooff + k * sdo_k, mask=m2, other=0.0).to(tl.float32),)
+        hp = tl.load(hpp, mask=rmask, other=0.0).to(tl.float32)
+        dx = hp[:, None] * dos[0]
+        for k in tl.static_range(1, N):
+            hp = tl.load(hpp + k, mask=rmask, other=0.0).to(tl.float32)
+            dx += hp[:, None] * dos[k]
+        tl.store(dx_ptr + rows[:, None] * D + d[None, :], dx.to(dx_ptr.dtype.element_ty), mask=m2)
+        new = ()
+        for k in tl.static_range(N):
+            new = new + (ahp[k] + _lane_sum(dos[k] * x, BT, BD, VEC),)
+        ahp = new
+        roff = rows[:, None] * sr_t + d[None, :]
+        droff = rows[:, None] * (N * D) + d[None, :]
+        new = ()
         for j in tl.static_range(N):
-            hr = tl.load(hr_ptr + rows[:, None] * shr_t + j * shr_j + kk[None, :] * shr_k, mask=hm,
-                         other=0.0).to(tl.float32)
-            r = tl.load(r_ptr + rows[:, None] * sr_t + j * sr_j + d[None, :], mask=m2, other=0.0).to(tl.float32)
-            tl.store(dr_ptr + rows[:, None] * (N * D) + j * D + d[None, :],
-                     tl.sum(hr[:, :, None] * do, axis=1).to(dr_ptr.dtype.element_ty), mask=m2)
-            g = tl.sum(r[:, None, :] * do, axis=2)                       # [BT, NP(k)]
-            acc_hr += tl.where((kk == j)[None, :, None], g[:, None, :], 0.0)
-    tl.store(dhp_ptr + rows[:, None] * N + kk[None, :], acc_hp.to(dhp_ptr.dtype.element_ty), mask=hm)
-    tl.store(dhr_ptr + rows[:, None, None] * (N * N) + kk[None, :, None] * N + kk[None, None, :],
-             acc_hr.to(dhr_ptr.dtype.element_ty), mask=hm[:, :, None] & (kk < N)[None, None, :])
+            r = tl.load(r_ptr + roff + j * sr_j, mask=m2, other=0.0).to(tl.float32)
+            hr = tl.load(hrp + j * N, mask=rmask, other=0.0).to(tl.float32)
+            dr = hr[:, None] * dos[0]
+            for k in tl.static_range(1, N):
+                hr = tl.load(hrp + (j * N + k), mask=rmask, other=0.0).to(tl.float32)
+                dr += hr[:, None] * dos[k]
+            tl.store(dr_ptr + droff + j * D, dr.to(dr_ptr.dtype.element_ty), mask=m2)
+            for k in tl.static_range(N):
+                new = new + (ahr[j * N + k] + _lane_sum(r * dos[k], BT, BD, VEC),)
+        ahr = new
+    for k in tl.static_range(N):
+        tl.store(dhp_ptr + rows * N + k, tl.sum(ahp[k], axis=1).to(dhp_ptr.dtype.element_ty), mask=rmask)
+    for i in tl.static_range(N * N):
+        tl.store(dhr_ptr + rows * (N * N) + i, tl.sum(ahr[i], axis=1).to(dhr_ptr.dtype.element_ty), mask=rmask)

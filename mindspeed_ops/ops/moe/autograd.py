@@ -2,19 +2,22 @@
 
 Same pattern as :mod:`mindspeed_ops.ops.activation.autograd`: custom ops ``mindspeed_ops::<name>`` and
 ``<name>_bwd`` with fake functions, bodies that ask :mod:`mindspeed_ops.backends` for the
-implementation, ``register_autograd``, and ``common.eager_autograd`` for the cheap eager path.
-``split_sizes``/``sorted_idxs`` enter the ops as 1-D integer tensors (host lists are turned into CPU
-tensors by the public functions).
+implementation, ``register_autograd``, and a cheap eager path like ``common.eager_autograd``'s, except
+that its forward keeps the Triton backend's device gather tables in the autograd context: the eager
+backward is then one launch of the forward's gather kernel (no second host->device copy of the
+indices, no tables launch). Under ``torch.compile`` the backward ops rebuild the tables from
+``split_sizes``/``sorted_idxs``. These enter the ops as 1-D integer tensors (host lists are turned
+into CPU tensors by the public functions).
 """
 from __future__ import annotations
 
 import operator
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import torch
 
 from ... import backends
-from ..common import call_op, eager_autograd, reference_vjp
+from ..common import call_op, reference_vjp
 from . import reference as _ref
 from . import sort_chunks as _launch
 
@@ -33,14 +36,58 @@ def _ref_backward_probs(dout, dprobs, split_sizes, sorted_idxs):
                                sorted_idxs))
 
 
-backends.register(OP, "triton", forward=_launch.forward, backward=_launch.backward)
+backends.register(OP, "triton", forward=_launch.forward, backward=_launch.backward,
+                  forward_saving=_launch.forward_saving, backward_saved=_launch.backward_saved)
 backends.register(OP, "reference", forward=_ref.sort_chunks_by_idx, backward=_ref_backward)
-backends.register(OP_PROBS, "triton", forward=_launch.forward_with_probs, backward=_launch.backward_with_probs)
+backends.register(OP_PROBS, "triton", forward=_launch.forward_with_probs, backward=_launch.backward_with_probs,
+                  forward_saving=_launch.forward_with_probs_saving, backward_saved=_launch.backward_with_probs_saved)
 backends.register(OP_PROBS, "reference", forward=_ref.sort_chunks_by_idx_with_probs, backward=_ref_backward_probs)
 
 
 def _contiguous_like(t: torch.Tensor) -> torch.Tensor:
     return t.new_empty(t.shape)
+
+
+def _eager_forward(ctx, op: str, args: tuple):
+    """Body of the forward custom op for the eager autograd path: checks, then the backend's forward;
+    a backend that can keep its device tables (``forward_saving``) leaves them, with its matching
+    ``backward_saved``, in ``ctx`` (``ctx.saved_bwd = None`` otherwise)."""
+    ctx.eager = True
+    _launch.check_args(args[0], args[1] if op == OP_PROBS else None, args[-2], args[-1], op)
+    impl = backends.implementation(op, args[0].device)
+    fwd_saving = impl.fns.get("forward_saving")
+    if fwd_saving is None:
+        ctx.saved_bwd = None
+        return impl.forward(*args)
+    out, tables = fwd_saving(*args)
+    ctx.saved_bwd = (impl.backward_saved, tables)
+    return out
+
+
+def _saved_backward(ctx, *grads):
+    """The backend's ``backward_saved`` with the forward's tables, when the eager forward kept them and
+    the backward is not itself differentiated (``create_graph=True`` needs the backward op)."""
+    if getattr(ctx, "saved_bwd", None) is None:
+        return None
+    if torch.is_grad_enabled() and any(g is not None and g.requires_grad for g in grads):
+        return None
+    return ctx.saved_bwd
+
+
+def _eager_call(op, function: type) -> Callable:
+    """Call path of ``op`` (see ``common.eager_autograd``): the op under ``torch.compile``, the plain
+    ``autograd.Function`` ``function`` when a tensor input requires grad, else the op's body."""
+    body = op._init_fn
+
+    def call(*args):
+        if torch.compiler.is_compiling():
+            return op(*args)
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return function.apply(*args)
+        return body(*args)
+
+    call.eager_function = function
+    return call
 
 
 # -- sort_chunks_by_idx ------------------------------------------------------------------------------
@@ -77,7 +124,26 @@ def _backward(ctx, dout):
 
 
 sort_chunks_op.register_autograd(_backward, setup_context=_setup)
-_sort_chunks = eager_autograd(sort_chunks_op, _setup, _backward)
+
+
+class _SortChunksEager(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp, split_sizes, sorted_idxs):
+        out = _eager_forward(ctx, OP, (inp, split_sizes, sorted_idxs))
+        _setup(ctx, (inp, split_sizes, sorted_idxs), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        saved = _saved_backward(ctx, dout)
+        if saved is None:
+            return _backward(ctx, dout)
+        bwd, tables = saved
+        split_sizes, sorted_idxs = ctx.saved_tensors
+        return bwd(dout, split_sizes, sorted_idxs, tables), None, None
+
+
+_sort_chunks = _eager_call(sort_chunks_op, _SortChunksEager)
 
 
 # -- sort_chunks_by_idx_with_probs -------------------------------------------------------------------
@@ -119,7 +185,34 @@ def _backward_probs(ctx, dout, dprobs):
 
 
 sort_chunks_probs_op.register_autograd(_backward_probs, setup_context=_setup)
-_sort_chunks_probs = eager_autograd(sort_chunks_probs_op, _setup, _backward_probs)
+
+
+class _SortChunksProbsEager(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp, probs, split_sizes, sorted_idxs):
+        out = _eager_forward(ctx, OP_PROBS, (inp, probs, split_sizes, sorted_idxs))
+        _setup(ctx, (inp, probs, split_sizes, sorted_idxs), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout, dprobs):
+        saved = _saved_backward(ctx, dout, dprobs)
+        if saved is None:
+            return _backward_probs(ctx, dout, dprobs)
+        bwd, tables = saved
+        split_sizes, sorted_idxs = ctx.saved_tensors
+        need_inp = ctx.needs_input_grad[0] and dout is not None
+        need_probs = ctx.needs_input_grad[1] and dprobs is not None
+        if need_inp and need_probs:  # one fused launch for both
+            d_inp, d_probs = bwd(dout, dprobs, split_sizes, sorted_idxs, tables)
+        else:  # the same tables gather a single tensor (no probs)
+            one = _launch.backward_saved
+            d_inp = one(dout, split_sizes, sorted_idxs, tables) if need_inp else None
+            d_probs = one(dprobs, split_sizes, sorted_idxs, tables) if need_probs else None
+        return d_inp, d_probs, None, None
+
+
+_sort_chunks_probs = _eager_call(sort_chunks_probs_op, _SortChunksProbsEager)
 
 
 # -- public functions --------------------------------------------------------------------------------

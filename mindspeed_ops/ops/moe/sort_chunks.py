@@ -3,7 +3,7 @@ argument checks, the word view that makes the copy bitwise and wide, tiling, gri
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -80,8 +80,18 @@ def _word_view(x: torch.Tensor, max_word: int = 8) -> torch.Tensor:
     return x2.view(torch.uint8).view(_WORDS[w])
 
 
-def _tables(split_sizes: torch.Tensor, sorted_idxs: torch.Tensor, M: int, device: torch.device) -> tuple:
-    """``(out_end, delta)`` on ``device`` (see triton_kernels), computed there without a host sync."""
+class Tables(NamedTuple):
+    """Device gather tables of one ``(split_sizes, sorted_idxs)`` pair (see triton_kernels): ``fwd`` =
+    ``(out_end, delta)`` of the permutation, ``inv`` = ``(inv_end, inv_delta)`` of its inverse."""
+
+    fwd: tuple
+    inv: tuple
+    num_splits: int
+
+
+def _tables(split_sizes: torch.Tensor, sorted_idxs: torch.Tensor, M: int, device: torch.device) -> Tables:
+    """Both gather tables on ``device``, computed there without a host sync (one small host->device
+    copy when the indices are on the host)."""
     from .triton_kernels import sort_chunks_tables_kernel
 
     def idx(t):
@@ -95,12 +105,13 @@ def _tables(split_sizes: torch.Tensor, sorted_idxs: torch.Tensor, M: int, device
         else:
             sizes, order = sizes.to(device, non_blocking=True), order.to(device, non_blocking=True)
     NS = sizes.shape[0]
-    buf = torch.empty(3 * NS + 1, dtype=torch.int64, device=device)
-    in_start, out_end, delta = buf[:NS], buf[NS:2 * NS], buf[2 * NS:]
+    S = (NS + 2) & ~1  # every table starts 16-byte aligned: both gathers are one kernel specialization
+    buf = torch.empty(5 * S, dtype=torch.int64, device=device)
+    in_start, out_end, delta, inv_end, inv_delta = (buf[i * S:i * S + NS + (i in (2, 4))] for i in range(5))
     block = min(tu.next_power_of_2(max(NS, 1)), 1024)
-    sort_chunks_tables_kernel[(1,)](sizes, order, in_start, out_end, delta, NS, M, BLOCK=block,
+    sort_chunks_tables_kernel[(1,)](sizes, order, in_start, out_end, delta, inv_end, inv_delta, NS, M, BLOCK=block,
                                     num_warps=4 if block <= 256 else 8)
-    return out_end, delta, NS
+    return Tables((out_end, delta), (inv_end, inv_delta), NS)
 
 
 def _tiles(W: int, word_bytes: int) -> tuple[int, int, int]:
@@ -111,19 +122,22 @@ def _tiles(W: int, word_bytes: int) -> tuple[int, int, int]:
     return bm, bw, 8 if bm * bw * word_bytes >= 16384 else 4
 
 
-def _permute(x: torch.Tensor, p: Optional[torch.Tensor], split_sizes: torch.Tensor, sorted_idxs: torch.Tensor,
-             reverse: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Forward (gather, ``reverse=False``) or inverse (scatter, ``reverse=True``) chunk permutation of the
-    rows of ``x`` (and of ``p``, ``[rows]``). Returns fresh contiguous tensors."""
+def _needs_copy(x: torch.Tensor, p: Optional[torch.Tensor]) -> bool:
+    return x.shape[0] > 0 and (math.prod(x.shape[1:]) > 0 or p is not None)
+
+
+def _gather(x: torch.Tensor, p: Optional[torch.Tensor], table: tuple,
+            NS: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Rows of ``x`` (and of ``p``, ``[rows]``) gathered with one gather table ``(end, delta)`` of
+    ``NS`` chunks. Returns fresh contiguous tensors."""
     from .triton_kernels import sort_chunks_copy_kernel
 
     M = x.shape[0]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     q = None if p is None else torch.empty(p.shape, dtype=p.dtype, device=p.device)
-    row_bytes = math.prod(x.shape[1:]) * x.element_size()
-    if M == 0 or (row_bytes == 0 and p is None):
+    if not _needs_copy(x, p):
         return y, q
-    if row_bytes:
+    if math.prod(x.shape[1:]):
         xw = _word_view(x)
         yw = _word_view(y, xw.element_size())  # the same word size (y is contiguous: any x's one fits)
     else:  # nothing to copy per row (the probs still move): dummy word buffers
@@ -133,17 +147,34 @@ def _permute(x: torch.Tensor, p: Optional[torch.Tensor], split_sizes: torch.Tens
     else:
         pw = qw = xw
     W = xw.shape[1]
-    out_end, delta, NS = _tables(split_sizes, sorted_idxs, M, x.device)
     search = NS > SEARCH_BLOCK_MAX
     bm, bw, warps = _tiles(W, xw.element_size())
-    grid = (tu.cdiv(M, bm),)
-    sort_chunks_copy_kernel[grid](
-        xw, yw, pw, qw, out_end, delta, M, W, NS, xw.stride(0), yw.stride(0),
+    end, delta = table
+    sort_chunks_copy_kernel[(tu.cdiv(M, bm),)](
+        xw, yw, pw, qw, end, delta, M, W, NS, xw.stride(0), yw.stride(0),
         pw.stride(0) if p is not None else 0, qw.stride(0) if p is not None else 0,
-        HAS_PROBS=p is not None, REVERSE=reverse, SEARCH=search,
+        HAS_PROBS=p is not None, SEARCH=search,
         NS_BLOCK=1 if search else tu.next_power_of_2(max(NS, 1)), SEARCH_STEPS=max(NS, 1).bit_length() + 1,
         BM=bm, BW=bw, num_warps=warps)
     return y, q
+
+
+def _run(x: torch.Tensor, p: Optional[torch.Tensor], split_sizes: torch.Tensor, sorted_idxs: torch.Tensor,
+         reverse: bool, tables: Optional[Tables] = None):
+    """:func:`_permute` that also takes and returns the tables (``None`` when nothing was launched)."""
+    if not _needs_copy(x, p):
+        return _gather(x, p, (None, None), 0) + (tables,)
+    if tables is None:
+        tables = _tables(split_sizes, sorted_idxs, x.shape[0], x.device)
+    return _gather(x, p, tables.inv if reverse else tables.fwd, tables.num_splits) + (tables,)
+
+
+def _permute(x: torch.Tensor, p: Optional[torch.Tensor], split_sizes: torch.Tensor, sorted_idxs: torch.Tensor,
+             reverse: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Forward (``reverse=False``) or inverse (``reverse=True``) chunk permutation of the rows of ``x``
+    (and of ``p``, ``[rows]``): a gather with the forward or the inverse table. Returns fresh
+    contiguous tensors."""
+    return _run(x, p, split_sizes, sorted_idxs, reverse)[:2]
 
 
 def forward(inp: torch.Tensor, split_sizes: torch.Tensor, sorted_idxs: torch.Tensor) -> torch.Tensor:
@@ -157,7 +188,7 @@ def forward_with_probs(inp: torch.Tensor, probs: torch.Tensor, split_sizes: torc
 
 
 def backward(dout: torch.Tensor, split_sizes: torch.Tensor, sorted_idxs: torch.Tensor) -> torch.Tensor:
-    """``d inp = Pᵀ dout``: the rows of ``dout`` scattered back to their source rows."""
+    """``d inp = Pᵀ dout``: the rows of ``dout`` gathered back to their source rows."""
     return _permute(dout, None, split_sizes, sorted_idxs, True)[0]
 
 
@@ -166,4 +197,28 @@ def backward_with_probs(dout: torch.Tensor, dprobs: torch.Tensor, split_sizes: t
     return _permute(dout, dprobs, split_sizes, sorted_idxs, True)
 
 
-__all__ = ["check_args", "forward", "forward_with_probs", "backward", "backward_with_probs"]
+# -- the eager autograd path: the forward's device tables are kept for the backward ------------------
+# (no second host->device copy or tables launch, and the backward is the forward's gather kernel)
+
+def forward_saving(inp, split_sizes, sorted_idxs) -> tuple[torch.Tensor, Optional[Tables]]:
+    out, _, tables = _run(inp, None, split_sizes, sorted_idxs, False)
+    return out, tables
+
+
+def forward_with_probs_saving(inp, probs, split_sizes, sorted_idxs) -> tuple[tuple, Optional[Tables]]:
+    out, pp, tables = _run(inp, probs, split_sizes, sorted_idxs, False)
+    return (out, pp), tables
+
+
+def backward_saved(dout: torch.Tensor, split_sizes: torch.Tensor, sorted_idxs: torch.Tensor,
+                   tables: Optional[Tables]) -> torch.Tensor:
+    """:func:`backward` reusing the forward's ``tables`` (computed here if ``None`` and needed)."""
+    return _run(dout, None, split_sizes, sorted_idxs, True, tables)[0]
+
+
+def backward_with_probs_saved(dout, dprobs, split_sizes, sorted_idxs, tables: Optional[Tables]):
+    return _run(dout, dprobs, split_sizes, sorted_idxs, True, tables)[:2]
+
+
+__all__ = ["check_args", "forward", "forward_with_probs", "backward", "backward_with_probs", "forward_saving",
+           "forward_with_probs_saving", "backward_saved", "backward_with_probs_saved", "Tables"]

@@ -3,13 +3,16 @@
 ``sort_chunks_by_idx`` runs as two launches and never synchronises with the host:
 
 1. ``sort_chunks_tables_kernel`` (one program): from ``split_sizes`` and ``sorted_idxs`` (read on the
-   device) it writes, per output chunk k, ``out_end[k]`` (inclusive row end of chunk k in the output)
-   and ``delta[k]`` (source row minus output row for every row of chunk k); ``delta[num_splits] = 0``
-   covers the identity tail.
-2. ``sort_chunks_copy_kernel``: each program owns ``BM`` output rows, finds their chunks (one vector
-   load of ``out_end`` and a compare-count, or a binary search for many splits), and copies the rows
-   as machine words (the launcher reinterprets any dtype as the widest integer that fits, so the copy
-   is bitwise and the loads are wide). ``REVERSE`` scatters instead of gathering (the backward).
+   device) it writes the gather tables of the permutation and of its inverse. Forward, per output
+   chunk k: ``out_end[k]`` (exclusive row end of chunk k in the output) and ``delta[k]`` (source row
+   minus output row for every row of chunk k); inverse, per input chunk j: ``inv_end[j]`` (its row end
+   in the input) and ``inv_delta[j]`` (row of that chunk in the output minus its row in the input).
+   ``delta[num_splits] = inv_delta[num_splits] = 0`` cover the identity tail.
+2. ``sort_chunks_copy_kernel``: each program owns ``BM`` destination rows, finds their chunks (one
+   vector load of the end table and a compare-count, or a binary search for many splits), and gathers
+   the rows as machine words (the launcher reinterprets any dtype as the widest integer that fits, so
+   the copy is bitwise and the loads are wide). The backward (``d inp = Pᵀ d out``) is the same gather
+   with the inverse tables, which the eager autograd path keeps from the forward.
 
 Device inputs are trusted but clamped, so no access goes out of bounds whatever they hold.
 """
@@ -18,9 +21,9 @@ import triton.language as tl
 
 
 @triton.jit
-def sort_chunks_tables_kernel(sizes_ptr, idx_ptr, in_start_ptr, out_end_ptr, delta_ptr, NS, M,
-                              BLOCK: tl.constexpr):
-    # pass 1: exclusive prefix sum of the (clamped) input chunk sizes -> in_start
+def sort_chunks_tables_kernel(sizes_ptr, idx_ptr, in_start_ptr, out_end_ptr, delta_ptr, inv_end_ptr, inv_delta_ptr,
+                              NS, M, BLOCK: tl.constexpr):
+    # pass 1: exclusive prefix sum of the (clamped) input chunk sizes -> in_start; inverse ends
     carry = tl.cast(0, tl.int64)
     for b in range(0, NS, BLOCK):
         k = b + tl.arange(0, BLOCK)
@@ -29,8 +32,10 @@ def sort_chunks_tables_kernel(sizes_ptr, idx_ptr, in_start_ptr, out_end_ptr, del
         s = tl.minimum(tl.maximum(s, 0), M)
         inc = tl.cumsum(s, 0) + carry
         tl.store(in_start_ptr + k, inc - s, mask=m)
+        tl.store(inv_end_ptr + k, inc, mask=m)
+        tl.store(inv_delta_ptr + k, inc * 0, mask=m)  # entries a non-permutation idx never sets stay 0
         carry += tl.sum(s, 0)
-    tl.debug_barrier()  # in_start written by other threads of this program is read below
+    tl.debug_barrier()  # in_start / inv_delta written by other threads of this program are used below
     # pass 2: output chunk k is input chunk idx[k]
     carry = tl.cast(0, tl.int64)
     for b in range(0, NS, BLOCK):
@@ -44,19 +49,21 @@ def sort_chunks_tables_kernel(sizes_ptr, idx_ptr, in_start_ptr, out_end_ptr, del
         end = tl.cumsum(s, 0) + carry
         tl.store(out_end_ptr + k, end, mask=m)
         tl.store(delta_ptr + k, start - (end - s), mask=m)
+        tl.store(inv_delta_ptr + j, (end - s) - start, mask=m)
         carry += tl.sum(s, 0)
     tl.store(delta_ptr + NS, carry * 0)
+    tl.store(inv_delta_ptr + NS, carry * 0)
 
 
 @triton.jit
 def sort_chunks_copy_kernel(x_ptr, y_ptr, p_ptr, q_ptr, out_end_ptr, delta_ptr, M, W, NS,
                             stride_x, stride_y, stride_p, stride_q,
-                            HAS_PROBS: tl.constexpr, REVERSE: tl.constexpr, SEARCH: tl.constexpr,
+                            HAS_PROBS: tl.constexpr, SEARCH: tl.constexpr,
                             NS_BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr,
                             BM: tl.constexpr, BW: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
     row_ok = rows < M
-    # chunk of each output row: k = #{j : out_end[j] <= row} (out_end is non-decreasing)
+    # chunk of each destination row: k = #{j : end[j] <= row} (the end table is non-decreasing)
     if SEARCH:
         lo = tl.zeros([BM], dtype=tl.int64)
         hi = tl.zeros([BM], dtype=tl.int64) + NS
@@ -75,17 +82,11 @@ def sort_chunks_copy_kernel(x_ptr, y_ptr, p_ptr, q_ptr, out_end_ptr, delta_ptr, 
         k = tl.sum(hit.to(tl.int32), 1).to(tl.int64)
     delta = tl.load(delta_ptr + k, mask=row_ok, other=0)
     src = tl.minimum(tl.maximum(rows + delta, 0), M - 1)
-    if REVERSE:
-        rd = rows
-        wr = src
-    else:
-        rd = src
-        wr = rows
     for w0 in range(0, W, BW):
         cols = w0 + tl.arange(0, BW)
         mask = row_ok[:, None] & (cols[None, :] < W)
-        v = tl.load(x_ptr + rd[:, None] * stride_x + cols[None, :], mask=mask)
-        tl.store(y_ptr + wr[:, None] * stride_y + cols[None, :], v, mask=mask)
+        v = tl.load(x_ptr + src[:, None] * stride_x + cols[None, :], mask=mask)
+        tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], v, mask=mask)
     if HAS_PROBS:
-        pv = tl.load(p_ptr + rd * stride_p, mask=row_ok)
-        tl.store(q_ptr + wr * stride_q, pv, mask=row_ok)
+        pv = tl.load(p_ptr + src * stride_p, mask=row_ok)
+        tl.store(q_ptr + rows * stride_q, pv, mask=row_ok)

@@ -210,6 +210,23 @@ def test_family_composition():
     assert ((res - same).abs() <= 1e-5 * same.abs() + 1e-7).all()
 
 
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_odd_streams_hidden_and_row_strides(n):
+    """Odd n and D (no vector alignment), row counts that leave partial row tiles, and weights / streams
+    that are row slices of wider tensors (row strides handled in the kernels, no copies)."""
+    T, D = 7, 37
+    xs = randn((T, n, D + 5), torch.float16, DEVICE, seed=120 + n)[..., 2:D + 2]  # row stride n*(D+5)
+    pre = uniform((T, 2 * n + 1), 0.0, 1.0, torch.float32, DEVICE, seed=121)[:, 1:n + 1]
+    _check_pre(pre, xs)
+    x = randn((T, 2 * D), torch.float16, DEVICE, seed=122)[:, :D]
+    hp = uniform((T, n + 3), 0.0, 2.0, torch.float32, DEVICE, seed=123)[:, 3:]
+    hr = uniform((T, n * n + 2), 0.0, 1.0, torch.float32, DEVICE, seed=124)[:, 1:n * n + 1].unflatten(-1, (n, n))
+    assert hp.stride(0) != n and hr.stride(0) != n * n
+    _check_post(x, xs, hp, hr)
+    _check_post(x, xs, hp, hr.transpose(-1, -2))  # non-contiguous inner weights (copied by the launcher)
+
+
 @pytest.mark.gpu
 def test_real_size_bf16():
     pre = uniform((2, 4096, 4), 0.0, 1.0, torch.float32, DEVICE, seed=110)

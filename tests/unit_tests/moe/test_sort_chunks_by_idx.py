@@ -285,3 +285,51 @@ def test_device_indices_no_sync():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(out, ref.sort_chunks_by_idx(x, sizes, idxs))
+
+
+def test_eager_backward_reuses_forward_tables(monkeypatch):
+    """The eager forward keeps its device gather tables for the backward: one tables launch (and, for
+    host indices, one host->device copy) per forward+backward, with or without probs, one or both
+    gradients; the results stay bitwise those of the reference."""
+    calls = []
+    real = launch._tables
+    monkeypatch.setattr(launch, "_tables", lambda *a: calls.append(1) or real(*a))
+    sizes, idxs = random_splits(11, 90, seed=50, tail=6)
+    for probs in (None, randn((90,), torch.float32, DEVICE, seed=51)):
+        calls.clear()
+        _check(randn((90, 12), torch.float16, DEVICE, seed=52), sizes, idxs, probs=probs)
+        assert len(calls) == 1
+    x = randn((90, 12), torch.float32, DEVICE, seed=53)
+    p = randn((90,), torch.float32, DEVICE, seed=54)
+    w = ref.sort_chunks_by_idx(p, sizes, idxs)  # d/dp <P p, P p'> = p
+    for need in ((True, False), (False, True)):
+        calls.clear()
+        xg, pg = x.clone().requires_grad_(need[0]), p.clone().requires_grad_(need[1])
+        out, pp = sort_chunks_probs(xg, pg, sizes, idxs)
+        calls.clear()
+        (3 * out.sum() + (pp * w).sum()).backward()
+        assert len(calls) == 0
+        if need[0]:
+            assert torch.equal(xg.grad, torch.full_like(x, 3.0))
+        else:
+            assert torch.equal(pg.grad, p)
+    calls.clear()
+    with torch.no_grad():  # no autograd: the op's body, tables built once
+        sort_chunks(x, sizes, idxs)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("search_max", [1024, 2])
+def test_inverse_tables_gather_in_bounds(monkeypatch, search_max):
+    """The backward is a gather with the inverse tables: for any device values every row of it is some
+    row of the input, and for valid ones it undoes the forward exactly (both table paths)."""
+    monkeypatch.setattr(launch, "SEARCH_BLOCK_MAX", search_max)
+    x = torch.arange(20, dtype=torch.float32, device=DEVICE).view(20, 1).repeat(1, 3)
+    for sizes, idxs in [([5, -3, 100, 7], [3, 3, 9, -2]), ([10, 10, 10], [2, 1, 0]), ([0, 7, 0, 9], [1, 1, 1, 1])]:
+        s, i = torch.tensor(sizes, device=DEVICE), torch.tensor(idxs, device=DEVICE)
+        back, _ = launch._permute(x, None, s, i, True)
+        assert ((back >= 0) & (back < 20)).all()
+    s, i = random_splits(9, 20, seed=55, tail=2)
+    out, _ = launch._permute(x, None, s.to(DEVICE), i.to(DEVICE), False)
+    back, _ = launch._permute(out, None, s.to(DEVICE), i.to(DEVICE), True)
+    assert torch.equal(back, x)
