@@ -53,10 +53,8 @@ def _reference_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale
 
 
 def _triton_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_l2, cu_seqlens, chunk_size):
-    # Until the backward stage kernels land (issue 5) the Triton backend differentiates the fp32
-    # chunked reference: exact, but slower and O(T) Python work per chunk.
-    return _reference_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_l2, cu_seqlens,
-                               chunk_size)
+    return _chunk.backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_l2, cu_seqlens,
+                           _args.host_cu(OP, q, cu_seqlens), chunk_size)
 
 
 backends.register(OP, "triton", forward=_chunk.forward, backward=_triton_backward)

@@ -16,6 +16,7 @@ from . import mhc_post as _post
 from . import mhc_pre_bmm as _pre
 from . import reference as _ref
 from . import sinkhorn as _sk
+from . import tilelang_sinkhorn as _tl_sk
 
 
 def _empty(t: torch.Tensor) -> torch.Tensor:
@@ -28,6 +29,7 @@ backends.register(
     "sinkhorn", "reference", forward=_ref.sinkhorn,
     backward=lambda dpre, dpost, dcomb, mixes, s, b, *args: tuple(
         reference_vjp(_ref.sinkhorn, (mixes, s, b), (dpre, dpost, dcomb), *args)))
+_tl_sk.register()  # TileLang backend: only when tilelang is installed and CUDA is available; below Triton until timed
 
 
 @torch.library.custom_op("mindspeed_ops::sinkhorn", mutates_args=())
