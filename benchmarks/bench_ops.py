@@ -29,6 +29,7 @@ from mindspeed_ops.ops.mhc import reference as mhc_ref  # noqa: E402
 
 DEV = "cuda"
 ROWS: list[dict] = []
+SAVE: dict = {}  # {"path": ..., "env": ..., "command": ...}: rows are saved after every measurement
 
 
 def copy_bandwidth() -> float:
@@ -97,7 +98,15 @@ def bench(case: str, impls: dict, bytes_fwd: float | None, bytes_bwd: float | No
                     row[k.replace("_ms", "_ratio")] = row[k] / ours_ms[k]
         ROWS.append(row)
         print(json.dumps(row), flush=True)
+        _save()
         torch.cuda.empty_cache()
+
+
+def _save() -> None:
+    """Write what was measured so far (a run cut short by its time limit keeps its rows)."""
+    if SAVE:
+        with open(SAVE["path"], "w") as f:
+            json.dump({"env": SAVE["env"], "command": SAVE["command"], "rows": ROWS}, f, indent=1)
 
 
 def _grad(loss_fn, inputs):
@@ -361,15 +370,15 @@ def main() -> int:
             env[p] = None
     env["copy_gbs"] = copy_bandwidth()
     print(json.dumps(env), flush=True)
+    SAVE.update(path=os.path.join(args.out, "bench_ops.json"), env=env,
+                command="python3 benchmarks/bench_ops.py " + " ".join(sys.argv[1:]))
     for gname in args.groups.split(","):
         try:
             GROUPS[gname](env["copy_gbs"])
         except Exception:  # noqa: BLE001 - one broken group must not lose the others
             traceback.print_exc()
         torch.cuda.empty_cache()
-    with open(os.path.join(args.out, "bench_ops.json"), "w") as f:
-        json.dump({"env": env, "command": "python3 benchmarks/bench_ops.py " + " ".join(sys.argv[1:]), "rows": ROWS},
-                  f, indent=1)
+    _save()
     return 0
 
 
