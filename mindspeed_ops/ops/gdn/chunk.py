@@ -12,15 +12,7 @@ from typing import Optional
 import torch
 
 from ...varlen import build_chunk_indices
-from .bwd_dhu import chunk_gated_delta_rule_bwd_dhu
-from .bwd_dqkwg import chunk_bwd_dqkwg
-from .bwd_dv import chunk_bwd_dv_local
-from .cumsum import chunk_local_cumsum
-from .fwd_h import chunk_gated_delta_rule_fwd_h
-from .fwd_o import chunk_fwd_o
-from .kkt import chunk_scaled_dot_kkt_fwd
-from .solve_tril import solve_tril
-from .wy_fast import prepare_wy_repr_bwd, recompute_w_u_fwd
+from . import bwd_dhu, bwd_dqkwg, bwd_dv, cumsum, fwd_h, fwd_o, kkt, solve_tril, wy_fast
 
 OP = "chunk_gated_delta_rule"
 
@@ -41,21 +33,22 @@ def _tables(cu_host: Optional[list], BT: int, device: torch.device):
 
 def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool, use_qk_l2norm_in_kernel: bool,
             cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int):
-    """Returns ``(o, final_state or None, G or None, Ainv)``; arguments already validated."""
+    """Returns ``(o, final_state or None, G or None, Ainv)``; arguments already validated.
+
+    Calls the stages' launchers directly with the validated host offsets: no stage re-validates
+    ``cu_seqlens`` (each check would be a device->host copy, i.e. a synchronisation)."""
     BT = chunk_size
     cu, idx = _tables(cu_host, BT, q.device)
     if use_qk_l2norm_in_kernel:
         q, _ = _normalize(q)
         k, _ = _normalize(k)
-    G = None if g is None else chunk_local_cumsum(g, BT, cu_seqlens=cu, chunk_indices=idx)
-    A = chunk_scaled_dot_kkt_fwd(k, g=G, beta=beta, cu_seqlens=cu, chunk_size=BT, output_dtype=torch.float32,
-                                 chunk_indices=idx)
-    Ainv = solve_tril(A, cu_seqlens=cu, output_dtype=k.dtype, chunk_indices=idx)
-    w, u = recompute_w_u_fwd(k, v, beta, Ainv, g=G, cu_seqlens=cu, chunk_indices=idx)
-    h, v_new, final = chunk_gated_delta_rule_fwd_h(k, w, u, g=G, initial_state=initial_state,
-                                                  output_final_state=output_final_state, chunk_size=BT,
-                                                  save_new_value=True, cu_seqlens=cu, chunk_indices=idx)
-    o = chunk_fwd_o(q, k, v_new, h, g=G, scale=scale, cu_seqlens=cu, chunk_size=BT, chunk_indices=idx)
+    G = None if g is None else cumsum.forward(g, BT, False, None, cu_host, cu, torch.float32, idx)
+    HV = v.shape[2]
+    A = kkt.forward(k, G, None, beta, HV, cu_host, cu, BT, torch.float32, idx)
+    Ainv = solve_tril.forward(A, cu_host, cu, k.dtype, idx)
+    w, u = wy_fast.forward(k, v, beta, Ainv, G, None, cu_host, cu, idx)
+    h, v_new, final = fwd_h.forward(k, w, u, G, None, initial_state, output_final_state, BT, True, cu_host)
+    o = fwd_o.forward(q, k, v_new, h, G, scale, cu_host, cu, BT, idx)
     return o, final, G, Ainv
 
 
@@ -67,25 +60,22 @@ def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, us
 
     BT = chunk_size
     cu, idx = _tables(cu_host, BT, q.device)
-    kw = dict(cu_seqlens=cu, chunk_indices=idx)
     G = G if g is not None else None
     if use_qk_l2norm_in_kernel:
         qn, q_rstd = _normalize(q)
         kn, k_rstd = _normalize(k)
     else:
         qn, kn = q, k
-    w, u = recompute_w_u_fwd(kn, v, beta, Ainv, g=G, **kw)
-    h, v_new, _ = chunk_gated_delta_rule_fwd_h(kn, w, u, g=G, initial_state=initial_state, output_final_state=False,
-                                               chunk_size=BT, save_new_value=True, **kw)
-    dv_local = chunk_bwd_dv_local(qn, kn, do, g=G, scale=scale, chunk_size=BT, **kw)
-    dh, dh0, dv2 = chunk_gated_delta_rule_bwd_dhu(qn, kn, w, do, dv_local, g=G, h0=initial_state, dht=dht,
-                                                  scale=scale, chunk_size=BT, **kw)
-    dq, dk, dw, dG = chunk_bwd_dqkwg(qn, kn, v_new, do, h, dh, g=G, dv=dv2, w=w, chunk_size=BT, scale=scale, **kw)
-    dk2, dv, dbeta, dG2 = prepare_wy_repr_bwd(kn, v, G, beta, Ainv, dw, dv2, chunk_size=BT, **kw)
+    w, u = wy_fast.forward(kn, v, beta, Ainv, G, None, cu_host, cu, idx)
+    h, v_new, _ = fwd_h.forward(kn, w, u, G, None, initial_state, False, BT, True, cu_host)
+    dv_local = bwd_dv.forward(qn, kn, do, G, scale, cu_host, cu, BT, idx)
+    dh, dh0, dv2 = bwd_dhu.forward(qn, kn, w, do, dv_local, G, None, initial_state, dht, scale, BT, cu_host)
+    dq, dk, dw, dG = bwd_dqkwg.forward(qn, kn, v_new, do, h, dh, G, dv2, w, scale, cu_host, cu, BT, idx)
+    dk2, dv, dbeta, dG2 = wy_fast.backward(kn, v, G, beta, Ainv, dw, dv2, cu_host, cu, idx)
     dk = dk + dk2
     dg = None
     if G is not None:
-        dg = chunk_local_cumsum(dG + dG2, BT, reverse=True, **kw)
+        dg = cumsum.forward(dG + dG2, BT, True, None, cu_host, cu, torch.float32, idx)
     if use_qk_l2norm_in_kernel:
         dq = l2norm_bwd(qn, q_rstd, dq, 1e-6, dx_dtype=torch.float32)
         dk = l2norm_bwd(kn, k_rstd, dk, 1e-6, dx_dtype=torch.float32)
