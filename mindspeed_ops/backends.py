@@ -234,7 +234,7 @@ def use_backend(name: str, ops: Optional[Iterable[str]] = None) -> Iterator[None
         _OVERRIDES.reset(token)
 
 
-_FAMILIES = ("activation", "norm", "norm.gated", "rope", "loss", "moe", "conv", "mhc", "gdn")
+_FAMILIES = ("activation", "norm", "norm.gated", "rope", "loss", "moe", "conv", "mhc", "gdn", "kda")
 _loaded = False
 
 

@@ -7,6 +7,9 @@ from .triton.chunk_gated_delta_rule import ChunkGatedDeltaRuleFunction, chunk_ga
 from .triton.chunk_gated_delta_rule_bwd_dhu import chunk_gated_delta_rule_bwd_dhu
 from .triton.chunk_gated_delta_rule_fwd_h import chunk_gated_delta_rule_fwd_h
 from .triton.chunk_local_cumsum import chunk_local_cumsum
+from .triton.chunk_kda import ChunkKDAFunction, chunk_kda
+from .triton.chunk_kda_bwd import chunk_kda_bwd_wy_dqkg_fused
+from .triton.chunk_kda_fwd_intra import chunk_kda_fwd_intra
 from .triton.chunk_loss import chunk_loss
 from .triton.chunk_scaled_dot_kkt import chunk_scaled_dot_kkt, chunk_scaled_dot_kkt_fwd
 from .triton.clipped_swiglu import clipped_swiglu
@@ -29,6 +32,7 @@ from .triton.wy_fast import prepare_wy_repr_bwd, recompute_w_u_fwd
 from .triton.utils import get_available_device, prepare_chunk_indices
 
 __all__ = [
+    "chunk_kda", "ChunkKDAFunction", "chunk_kda_fwd_intra", "chunk_kda_bwd_wy_dqkg_fused",
     "chunk_gated_delta_rule", "ChunkGatedDeltaRuleFunction", "chunk_scaled_dot_kkt_fwd", "chunk_scaled_dot_kkt",
     "recompute_w_u_fwd", "prepare_wy_repr_bwd", "chunk_gated_delta_rule_fwd_h", "chunk_fwd_o",
     "fused_recurrent_gated_delta_rule", "chunk_bwd_dv_local", "chunk_gated_delta_rule_bwd_dhu", "chunk_bwd_dqkwg",

@@ -1,0 +1,3 @@
+from ...ops.kda import chunk_kda_fwd_intra
+
+__all__ = ["chunk_kda_fwd_intra"]

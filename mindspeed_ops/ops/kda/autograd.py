@@ -1,0 +1,194 @@
+"""Autograd and ``torch.library`` registration of ``chunk_kda`` (SPEC 1.11.3), following the family
+pattern of ``ops/gdn/autograd.py``: a forward op and a ``_bwd`` op with fake functions, backends chosen
+per device, and the eager fast path of ``common.eager_autograd``.
+
+The forward op also returns ``G`` (chunk-local per-channel gate cumsum), ``Akk`` and ``Aqk`` so the
+backward does not recompute them (saved: the inputs, ``G``, ``Akk``, ``Aqk``, ``h0``; ``w, u, h, v_new``
+are recomputed).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ... import backends
+from ..common import call_op, eager_autograd, reference_vjp
+from ..gdn.reference import _l2norm, chunk_local_cumsum_ref, solve_tril_ref
+from ..gdn.reference_wy import chunk_scaled_dot_kkt_fwd_ref
+from ..gdn.args import host_cu as _host_cu
+from . import args as _args
+from . import chunk as _chunk
+from . import reference as _ref
+
+OP = "chunk_kda"
+
+
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty(0)
+
+
+def _reference_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, cu_seqlens, cu_host,
+                       chunk_size):
+    o, final = _ref.chunk_kda_ref(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, cu_seqlens,
+                                  chunk_size)
+    # G / Akk / Aqk as the Triton backend returns them (same op outputs on every backend)
+    G = chunk_local_cumsum_ref(g, chunk_size, cu_seqlens=cu_seqlens)
+    qn, kn = (_l2norm(x.float()).to(x.dtype) for x in (q, k)) if use_l2 else (q, k)
+    M = chunk_scaled_dot_kkt_fwd_ref(kn, gk=G, beta=beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
+    Akk = solve_tril_ref(M, cu_seqlens, output_dtype=k.dtype)
+    Aqk = _ref.kda_aqk_ref(qn, kn, G, scale, cu_seqlens, chunk_size, output_dtype=k.dtype)
+    return o, final, G, Akk, Aqk
+
+
+def _reference_backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale, use_l2, cu_seqlens, cu_host,
+                        chunk_size):
+    """Autograd of the chunked reference (``G``/``Akk``/``Aqk`` recomputed inside)."""
+    want_final = dht is not None
+
+    def fn(q_, k_, v_, g_, b_, h0_):
+        o, final = _ref.chunk_kda_ref(q_, k_, v_, g_, b_, scale, h0_, want_final, use_l2, cu_seqlens, chunk_size)
+        return (o, final) if want_final else o
+    return tuple(reference_vjp(fn, (q, k, v, g, beta, initial_state), (do, dht) if want_final else do))
+
+
+def _triton_backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale, use_l2, cu_seqlens, cu_host,
+                     chunk_size):
+    return _chunk.backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale, use_l2, cu_seqlens, cu_host,
+                           chunk_size)
+
+
+backends.register(OP, "triton", forward=_chunk.forward, backward=_triton_backward)
+backends.register(OP, "reference", forward=_reference_forward, backward=_reference_backward)
+
+
+@torch.library.custom_op("mindspeed_ops::chunk_kda", mutates_args=())
+def chunk_kda_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                 scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
+                 use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size)
+    cu_host = _host_cu(OP, q, cu_seqlens)
+    impl = backends.implementation(OP, q.device)
+    o, final, G, Akk, Aqk = impl.forward(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                         use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size)
+    return o, (_empty(o) if final is None else final), G, Akk, Aqk
+
+
+@chunk_kda_op.register_fake
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size):
+    N, HV = _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size)
+    B, T, _, K = q.shape
+    V = v.shape[3]
+    o = q.new_empty(B, T, HV, V)
+    final = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else q.new_empty(0)
+    G = q.new_empty(B, T, HV, K, dtype=torch.float32)
+    return o, final, G, k.new_empty(B, T, HV, chunk_size), k.new_empty(B, T, HV, chunk_size)
+
+
+@torch.library.custom_op("mindspeed_ops::chunk_kda_bwd", mutates_args=())
+def chunk_kda_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, G: torch.Tensor, Akk: torch.Tensor,
+                     Aqk: torch.Tensor, initial_state: Optional[torch.Tensor], scale: float,
+                     use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    cu_host = _host_cu(OP, q, cu_seqlens)
+    impl = backends.implementation(OP, q.device)
+    dq, dk, dv, dg, dbeta, dh0 = impl.backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale,
+                                               use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size)
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), dbeta.to(beta.dtype),
+            _empty(q) if dh0 is None else dh0.to(initial_state.dtype))
+
+
+@chunk_kda_bwd_op.register_fake
+def _(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
+            torch.empty_like(beta), q.new_empty(0) if initial_state is None else torch.empty_like(initial_state))
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, g, beta, scale, h0, output_final_state, use_l2, cu_seqlens, chunk_size = inputs
+    _, _, G, Akk, Aqk = output
+    ctx.scale, ctx.use_l2, ctx.chunk_size, ctx.has_final = scale, use_l2, chunk_size, output_final_state
+    ctx.has_h0 = h0 is not None
+    ctx.save_for_backward(q, k, v, g, beta, G, Akk, Aqk, h0, cu_seqlens)
+
+
+def _backward(ctx, do, dfinal, dG, dAkk, dAqk):
+    q, k, v, g, beta, G, Akk, Aqk, h0, cu_seqlens = ctx.saved_tensors
+    dht = dfinal if ctx.has_final and dfinal is not None else None
+    if do is None:
+        do = torch.zeros(*q.shape[:2], *v.shape[2:], dtype=q.dtype, device=q.device)
+    dq, dk, dv, dg, dbeta, dh0 = call_op(ctx, chunk_kda_bwd_op, do, dht, q, k, v, g, beta, G, Akk, Aqk, h0,
+                                         ctx.scale, ctx.use_l2, cu_seqlens, ctx.chunk_size)
+    return (dq, dk, dv, dg, dbeta, None, dh0 if ctx.has_h0 else None, None, None, None, None)
+
+
+chunk_kda_op.register_autograd(_backward, setup_context=_setup)
+_chunk_kda = eager_autograd(chunk_kda_op, _setup, _backward)
+
+
+class ChunkKDAFunction:
+    """MindSpeed/fla-style entry: ``ChunkKDAFunction.apply(q, k, v, g, beta, scale, initial_state,
+    output_final_state, use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_size=64)`` -> ``(o, final_state)``."""
+
+    @staticmethod
+    def apply(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+              use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_size=64):
+        return chunk_kda(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                         cu_seqlens, chunk_size)
+
+
+def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], beta: torch.Tensor,
+              scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
+              output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+              cu_seqlens: Optional[torch.Tensor] = None, chunk_size: int = 64, **kwargs):
+    """Chunked Kimi Delta Attention (per-channel gated delta rule of Kimi-Linear), forward and backward
+    (SPEC 1.11.3).
+
+    Per sequence and value head, with fp32 state ``S ∈ R^{K×V}``: ``S ← diag(e^{g_t}) S`` (row d scaled by
+    ``e^{g_{t,d}}``); ``S ← S + β_t k_t (v_t − Sᵀk_t)ᵀ``; ``o_t = scale·Sᵀq_t`` — computed chunk by chunk in
+    the WY/UT form of SPEC 1.11 by the stage kernels of this family and the shared GDN stages. Exact for
+    every gate value (down to −1000 per channel: hard resets) and bitwise causal.
+
+    Args:
+        q, k: ``[B, T, H, K]``, ``K <= 256``; v: ``[B, T, HV, V]`` (``HV`` a multiple of ``H``: value head ``i``
+            reads q/k head ``i // (HV/H)``); same dtype fp32/fp16/bf16, any strides.
+        g: ``[B, T, HV, K]`` raw per-channel log-decay (natural log, usually ``<= 0``; no activation is
+            applied), any float dtype (fp32 recommended); ``None`` = no decay.
+        beta: ``[B, T, HV]`` update strengths, used as given (no sigmoid).
+        scale: output scale; ``None`` = ``K ** -0.5``.
+        initial_state: ``[N, HV, K, V]`` **fp32** (``N`` = B, or the number of sequences with ``cu_seqlens``).
+        output_final_state: also return the final states.
+        use_qk_l2norm_in_kernel: L2-normalise q and k first (``x / sqrt(Σx² + 1e-6)``), gradients included.
+        cu_seqlens: ``[N+1]`` int32/int64 packed-sequence offsets (then ``B == 1``); tokens past
+            ``cu_seqlens[-1]`` get ``o = 0`` and zero gradients.
+        chunk_size: 32 or 64.
+        **kwargs: keyword policy of SPEC 1.10.10 (``head_first=True`` raises ``ValueError``; hints
+            ``cu_seqlens_cpu``, ``chunk_indices``, ``use_graph``, ``max_num_seqs`` accepted; unimplemented
+            options such as ``use_gate_in_kernel``, ``A_log`` raise ``NotImplementedError`` when set; anything
+            else warns once), plus ``safe_gate``, ``lower_bound``, ``disable_recompute`` accepted with no effect.
+
+    Returns:
+        ``(o [B, T, HV, V] in q.dtype, final_state [N, HV, K, V] fp32 or None)``.
+
+    Gradients: q, k, v, g (in g's dtype), beta, initial_state (fp32); the gradient of ``final_state`` is
+    consumed.
+
+    Raises:
+        ValueError: shapes (q/k mismatch, ``HV % H``, beta/g, ``K > 256``, initial_state), chunk_size not in
+            {32, 64}, varlen with ``B != 1``, devices. TypeError: q/k/v dtypes differ, integer inputs,
+            ``initial_state`` not fp32.
+
+    Source: Kimi Team, "Kimi Linear: An Expressive, Efficient Attention Architecture" (2025), Kimi Delta
+    Attention; chunkwise WY/UT form after Yang et al., "Parallelizing Linear Transformers with the Delta Rule
+    over Sequence Length" (NeurIPS 2024).
+    """
+    _args.kwargs_policy(OP, kwargs)
+    K = q.shape[-1] if q.dim() == 4 else 1
+    scale = float(K ** -0.5) if scale is None else float(scale) if isinstance(scale, (int, float)) else scale
+    if g is None and isinstance(v, torch.Tensor) and v.dim() == 4 and q.dim() == 4:
+        g = torch.zeros(*v.shape[:3], K, dtype=torch.float32, device=v.device)
+    o, final, _, _, _ = _chunk_kda(q, k, v, g, beta, scale, initial_state, bool(output_final_state),
+                                   bool(use_qk_l2norm_in_kernel), cu_seqlens, int(chunk_size))
+    return o, (final if output_final_state else None)

@@ -1,0 +1,90 @@
+"""``chunk_kda`` (SPEC 1.11.3): the Triton forward and backward composed of stage kernels.
+
+Forward: optional l2norm of q/k -> ``G = chunk_local_cumsum(g)`` (GDN) -> ``chunk_kda_fwd_intra``
+(``M`` by GDN's per-channel kkt, ``Akk`` by GDN's ``solve_tril``, ``w, u`` by GDN's ``recompute_w_u_fwd``
+with ``gk``, ``Aqk`` by the KDA kernel) -> ``h, v_new, final_state`` by GDN's state scan with ``gk`` ->
+``o`` by the KDA output stage. Saved for the backward: the inputs, ``G``, ``Akk``, ``Aqk``.
+
+Backward: ``w, u, h, v_new`` recomputed (GDN stages) -> ``dAqk, dv_local`` (KDA) -> ``dh, dh0, dv2`` by
+GDN's reverse state scan with ``gk`` -> ``chunk_kda_bwd_wy_dqkg_fused`` (KDA, SPEC 1.11.2) -> the
+intra-chunk paths through ``Aqk`` and ``M`` (KDA) -> ``dg`` = reverse chunk-local cumsum of ``dG``
+(GDN) -> sum over shared value heads, l2norm backward.
+
+The stage launchers are called directly (their arguments are validated once, by the operator), so
+varlen offsets are read on the host once per call.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ... import backends
+from ...varlen import build_chunk_indices
+from ..gdn.bwd_dhu import forward as _dhu_forward
+from ..gdn.cumsum import forward as _cumsum_forward
+from ..gdn.fwd_h import forward as _fwd_h_forward
+from ..gdn.wy_fast import forward as _wy_forward
+from . import bwd as _bwd
+from . import fwd_o as _fwd_o
+from . import intra as _intra
+
+OP = "chunk_kda"
+L2_EPS = 1e-6
+
+
+def _tables(cu_host: Optional[list], BT: int, device: torch.device):
+    if cu_host is None:
+        return None, None
+    cu_cpu = torch.tensor(cu_host, dtype=torch.int64)
+    return cu_cpu.to(device), build_chunk_indices(cu_cpu, BT).to(device)
+
+
+def _l2norm(x: torch.Tensor):
+    return backends.implementation("l2norm", x.device).forward(x, L2_EPS, None)
+
+
+def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool, use_qk_l2norm_in_kernel: bool,
+            cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int):
+    """Returns ``(o, final_state or None, G, Akk, Aqk)``; arguments already validated."""
+    BT = chunk_size
+    cu, idx = _tables(cu_host, BT, q.device)
+    if use_qk_l2norm_in_kernel:
+        q, _ = _l2norm(q)
+        k, _ = _l2norm(k)
+    G = _cumsum_forward(g, BT, False, None, cu_host, cu, torch.float32, idx)
+    w, u, _, _, Aqk, Akk = _intra.forward(q, k, v, G, beta, scale, cu_host, cu, BT, idx, output_qg=False,
+                                          output_kg=False)
+    h, v_new, final = _fwd_h_forward(k, w, u, None, G, initial_state, output_final_state, BT, True, cu_host)
+    o = _fwd_o.forward(q, v_new, h, G, Aqk, scale, cu_host, cu, BT, idx)
+    return o, final, G, Akk, Aqk
+
+
+def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, use_qk_l2norm_in_kernel: bool,
+             cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int):
+    """Returns ``(dq, dk [B,T,H,K] fp32, dv, dg [B,T,HV,K] fp32, dbeta fp32, dh0 fp32 or None)``."""
+    BT = chunk_size
+    H = q.shape[2]
+    cu, idx = _tables(cu_host, BT, q.device)
+    if use_qk_l2norm_in_kernel:
+        qn, rq = _l2norm(q)
+        kn, rk = _l2norm(k)
+    else:
+        qn, kn = q, k
+    w, u = _wy_forward(kn, v, beta, Akk, None, G, cu_host, cu, idx)
+    h, v_new, _ = _fwd_h_forward(kn, w, u, None, G, initial_state, False, BT, True, cu_host)
+    dAq, dv_local = _bwd.dav_forward(v_new, do, Aqk, scale, cu_host, cu, idx)
+    dh, dh0, dv2 = _dhu_forward(qn, kn, w, do, dv_local, None, G, initial_state, dht, scale, BT, cu_host)
+    dq, dk, dv, db, dG, dAm = _bwd.wy_dqkg_forward(qn, kn, v, v_new, G, beta, Akk, h, do, dh, dv2, scale, cu_host,
+                                                   cu, idx, fold_heads=False)
+    _bwd.intra_bwd_forward(qn, kn, G, beta, dAq, dAm, dq, dk, dG, db, cu_host, cu, idx)
+    dg = _cumsum_forward(dG, BT, True, None, cu_host, cu, torch.float32, idx)
+    dq, dk = _bwd._fold(dq, H), _bwd._fold(dk, H)
+    if use_qk_l2norm_in_kernel:
+        l2 = backends.implementation("l2norm", q.device)
+        dq = l2.backward(qn, rq, dq, L2_EPS, True, torch.float32)
+        dk = l2.backward(kn, rk, dk, L2_EPS, True, torch.float32)
+        if cu_host is not None and cu_host[-1] < q.shape[1]:
+            dq[:, cu_host[-1]:] = 0  # tail rows: whatever q/k hold there (NaN included), gradient 0
+            dk[:, cu_host[-1]:] = 0
+    return dq, dk, dv, dg, db, dh0

@@ -1,0 +1,123 @@
+"""``chunk_kda_fwd_intra`` (SPEC 1.11.1): the intra-chunk forward of KDA.
+
+``M`` comes from GDN's per-channel ``chunk_scaled_dot_kkt_fwd`` (``gk``), ``Akk = (I + M)^{-1}`` from GDN's
+``solve_tril``, ``w, u`` from GDN's ``recompute_w_u_fwd`` (``gk``); only ``Aqk`` (and the elementwise
+``qg``, ``kg``) needs a KDA kernel (``kda_aqk_fwd_kernel``).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ... import triton_utils as tu
+from ..common import unit_last_stride
+from ..gdn.kkt import forward as _kkt_forward
+from ..gdn.solve_tril import forward as _solve_forward
+from ..gdn.wy_fast import forward as _wy_forward
+from ..gdn.common import chunk_table, use_triton
+from . import args as _args
+from . import reference as _ref
+
+OP = "chunk_kda_fwd_intra"
+
+
+def _block_k(K: int) -> int:
+    """Key tile of the Aqk kernel: 16 or 32 (``tl.dot`` needs >= 16; the per-pair ``[16, 16, BK]`` tensor
+    of the diagonal block spills at 64 with 4 warps on sm_90)."""
+    return max(16, min(32, tu.next_power_of_2(K)))
+
+
+def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float, cu_host: Optional[list],
+                cu_seqlens: Optional[torch.Tensor], BT: int, chunk_indices: Optional[torch.Tensor] = None, *,
+                store_a: bool = True, store_qg: bool = False, store_kg: bool = False):
+    """Launch of ``kda_aqk_fwd_kernel`` (arguments validated): ``(Aqk in k.dtype or None, qg in q.dtype or
+    None, kg in k.dtype or None)``, tail rows 0."""
+    from .triton_kernels import kda_aqk_fwd_kernel
+
+    B, T, H, K = k.shape
+    HV = gk.shape[2]
+    dev = k.device
+    qq, kk, gg = (unit_last_stride(tu.kernel_input(t)) for t in (q, k, gk))
+    A = torch.empty(B, T, HV, BT, dtype=tu.kernel_dtype(k.dtype), device=dev) if store_a else None
+    qg = torch.empty(B, T, HV, K, dtype=tu.kernel_dtype(q.dtype), device=dev) if store_qg else None
+    kg = torch.empty(B, T, HV, K, dtype=tu.kernel_dtype(k.dtype), device=dev) if store_kg else None
+    if cu_host is not None and cu_host[-1] < T:
+        for t in (A, qg, kg):
+            if t is not None:
+                t[:, cu_host[-1]:].zero_()  # tail rows take part in nothing
+    NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices)
+    if NT and B and HV and (store_a or K):
+        if idx is not None:
+            cu, idx = cu.to(dev), idx.to(dev)
+        dummy = kk
+        z3 = (0, 0, 0)
+        kda_aqk_fwd_kernel[(NT * B * HV,)](
+            qq, kk, gg, dummy if A is None else A, dummy if qg is None else qg, dummy if kg is None else kg,
+            dummy if cu is None else cu, dummy if idx is None else idx, T, B * HV, HV, HV // H, float(scale),
+            *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *(A.stride()[:3] if A is not None else z3),
+            *(qg.stride()[:3] if qg is not None else z3), *(kg.stride()[:3] if kg is not None else z3),
+            K=K, BT=BT, BK=_block_k(K), STORE_A=store_a, STORE_QG=store_qg, STORE_KG=store_kg,
+            IS_VARLEN=idx is not None, num_warps=4)
+    return tuple(None if t is None else tu.finish(t, dt) for t, dt in ((A, k.dtype), (qg, q.dtype), (kg, k.dtype)))
+
+
+def forward(q, k, v, gk, beta, scale: float, cu_host, cu_seqlens, BT: int, chunk_indices=None, *,
+            output_qg: bool = False, output_kg: bool = True):
+    """Triton path of :func:`chunk_kda_fwd_intra` (arguments validated): ``(w, u, qg, kg, Aqk, Akk)``."""
+    HV = v.shape[2]
+    M = _kkt_forward(k, None, gk, beta, HV, cu_host, cu_seqlens, BT, torch.float32, chunk_indices)
+    Akk = _solve_forward(M, cu_host, cu_seqlens, k.dtype, chunk_indices)
+    w, u = _wy_forward(k, v, beta, Akk, None, gk, cu_host, cu_seqlens, chunk_indices)
+    Aqk, qg, kg = aqk_forward(q, k, gk, scale, cu_host, cu_seqlens, BT, chunk_indices, store_qg=output_qg,
+                              store_kg=output_kg)
+    return w, u, qg, kg, Aqk, Akk
+
+
+def chunk_kda_fwd_intra(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor,
+                        scale: Optional[float] = None, cu_seqlens: Optional[torch.Tensor] = None,
+                        chunk_size: int = 64, chunk_indices: Optional[torch.Tensor] = None, output_qg: bool = False,
+                        **kwargs):
+    """Intra-chunk forward of Kimi Delta Attention (SPEC 1.11.1). Forward-only stage function.
+
+    Per chunk (positions ``i, j``; ``G = gk`` per channel, ``Γ`` its value at the chunk's last valid row):
+    ``M_ij = β_i Σ_d k_id k_jd e^{G_id − G_jd}`` (``j < i``), ``Akk = (I + M)^{-1}``;
+    ``Aqk_ij = scale Σ_d q_id k_jd e^{G_id − G_jd}`` (``j ≤ i``); ``w = Akk (β ⊙ e^G ⊙ k)``,
+    ``u = Akk (β ⊙ v)``, ``qg = q ⊙ e^G``, ``kg = k ⊙ e^{Γ − G}``. Exact for every gate (hard resets at
+    −1000 included): exponentials only of masked differences (see ``triton_kernels``).
+
+    Args:
+        q, k: ``[B, T, H, K]``, ``K <= 256``; v: ``[B, T, HV, V]`` (``HV % H == 0``; value head ``i`` reads
+            q/k head ``i // (HV/H)``); fp32/fp16/bf16 (may differ), any strides.
+        gk: ``[B, T, HV, K]`` chunk-local cumsum ``G`` of the per-channel log-decay (natural log, fp32).
+        beta: ``[B, T, HV]``.
+        scale: ``Aqk`` scale; None means ``K ** -0.5``.
+        cu_seqlens: ``[N+1]`` int32/int64 packed offsets (then ``B == 1``); tail rows are 0.
+        chunk_size: ``BT`` in {32, 64}.
+        chunk_indices: optional precomputed ``[NT, 2]`` table for ``chunk_size``, trusted.
+        output_qg: also return ``qg`` (else None).
+        **kwargs: ``disable_recompute=True`` implies ``output_qg=True``; ``safe_gate``, ``lower_bound``,
+            ``use_graph`` have no effect; anything else is ignored with a one-time warning.
+
+    Returns:
+        ``(w [B,T,HV,K] k.dtype, u [B,T,HV,V] v.dtype, qg [B,T,HV,K] q.dtype or None, kg [B,T,HV,K] k.dtype,
+        Aqk [B,T,HV,BT] k.dtype, Akk [B,T,HV,BT] k.dtype (the inverse, unit diagonal included))``.
+
+    Raises:
+        ValueError: shapes, ``K > 256``, ``HV % H``, chunk_size, scale, cu_seqlens, devices.
+        TypeError: non-float inputs (float64 is reference-only).
+
+    Source: Kimi Team, "Kimi Linear" (2025), Kimi Delta Attention, chunkwise form.
+    """
+    _args.stage_kwargs(OP, kwargs)
+    output_qg = bool(output_qg or kwargs.get("disable_recompute", False))
+    for name, t in (("q", q), ("v", v), ("gk", gk), ("beta", beta)):
+        if t is None:
+            raise TypeError(f"{OP}: {name} must be a torch.Tensor, got None")
+    cu_host = _args.check_qkv_gk(OP, q, k, v, gk, beta, scale, chunk_size, cu_seqlens)
+    if chunk_indices is not None:
+        chunk_table(OP, cu_host, cu_seqlens, k.shape[0], k.shape[1], chunk_size, chunk_indices)
+    sc = k.shape[-1] ** -0.5 if scale is None else float(scale)
+    if not use_triton(k.device):
+        return _ref.chunk_kda_fwd_intra_ref(q, k, v, gk, beta, sc, cu_seqlens, chunk_size, output_qg)
+    return forward(q, k, v, gk, beta, sc, cu_host, cu_seqlens, chunk_size, chunk_indices, output_qg=output_qg)

@@ -1,0 +1,428 @@
+"""Triton kernels of the KDA family (SPEC 1.11). Kernels only: launchers live in ``intra.py``,
+``fwd_o.py`` and ``bwd.py``. The stages KDA shares with GDN (cumsum, per-channel ``kkt``, ``solve_tril``,
+``w/u``, the state scans with ``gk``) are GDN's kernels, not copies.
+
+Conventions (as ``ops/gdn``): token-major tensors addressed through strides with int64 offsets (the
+last dim has unit stride: launchers pass ``unit_last_stride`` views); one program per (chunk, batch
+row, value head), flattened onto grid axis 0 (``_program``; varlen chunks through ``chunk_indices``);
+rows past the sequence end are neither read (masked loads) nor written; fp32 math, one rounding on
+store; ``tl.dot`` operands in the key dtype (IEEE fp32 for fp32 inputs, tensor cores for 16-bit ones),
+fp32 accumulation; no ``tl.trans`` (transposed operands are loaded transposed from memory).
+
+Gate robustness (SPEC 1.11): per-channel decays ``e^{G_{i,d} − G_{j,d}}`` cannot leave the dot product.
+The chunk is cut into 16-row blocks. Pairs inside a diagonal 16x16 block get the exact per-pair
+exponential of the masked difference. Pairs across blocks use ``tl.dot`` of factors
+``e^{G_i − G_r}`` (rows ``i ≥ r``) and ``e^{G_r − G_j}`` (columns ``j < r``), with the reference ``r``
+the **first row of the row block**: both arguments are ``≤ 0`` for non-positive gates (gates down to
+−1000 never overflow), and no quantity a row uses depends on a later row (bitwise causality).
+"""
+import triton
+import triton.language as tl
+
+from ..gdn.triton_kernels import _chunk_bounds, _mm
+from ..gdn.triton_wy import _dot, _program
+
+
+@triton.jit
+def _masked_exp(x, m):
+    """``e^x`` where ``m``, 0 elsewhere; ``x`` is replaced by 0 before the exp where masked."""
+    return tl.where(m, tl.exp(tl.where(m, x, 0.0)), 0.0)
+
+
+@triton.jit
+def _diag_decay(b_g, mi, INCLUSIVE: tl.constexpr):
+    """``E[i, j, d] = e^{G_{i,d} − G_{j,d}}`` for pairs of one 16-row block (``b_g [16, BK]``, ``mi`` its
+    valid mask), ``j ≤ i`` (``INCLUSIVE``) or ``j < i``, 0 elsewhere; the difference is masked before
+    the exp (argument ``≤ 0`` for non-positive gates)."""
+    o16 = tl.arange(0, 16)
+    if INCLUSIVE:
+        pair = o16[:, None] >= o16[None, :]
+    else:
+        pair = o16[:, None] > o16[None, :]
+    m = pair[:, :, None] & mi[:, None, :] & mi[None, :, :]
+    return _masked_exp(b_g[:, None, :] - b_g[None, :, :], m)
+
+
+# ------------------------------------------------------------------------------------------------
+# chunk_kda_fwd_intra (SPEC 1.11.1): Aqk, and the elementwise qg / kg
+# ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_ptr, T, BHV, HV, GRP, scale,
+                       s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_ab, s_at, s_ah,
+                       s_xb, s_xt, s_xh, s_yb, s_yt, s_yh,
+                       K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, STORE_A: tl.constexpr,
+                       STORE_QG: tl.constexpr, STORE_KG: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """``Aqk[i, j] = scale·Σ_d q_{i,d} k_{j,d} e^{G_{i,d} − G_{j,d}}`` for ``j ≤ i`` (valid), else 0, of one
+    chunk and value head (``STORE_A``); ``qg = q ⊙ e^{G}`` (``STORE_QG``) and ``kg = k ⊙ e^{Γ − G}``
+    (``STORE_KG``, ``Γ`` = ``G`` at the chunk's last valid row).
+
+    Rows in 16-row blocks starting at ``r``: columns of earlier blocks (``j < r``) by one ``tl.dot`` of
+    ``q_i e^{G_i − G_r}`` with ``k_j e^{G_r − G_j}``; the diagonal 16x16 block from the exact per-pair
+    ``[16, 16, BK]`` tensor of masked ``e^{G_i − G_j}`` (``_diag_decay``), stored apart from the rest."""
+    i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
+    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    o = tl.arange(0, BT)
+    o16 = tl.arange(0, 16)
+    cols = start + o
+    col_ok = cols < eos
+    q_base = q_ptr + i_b * s_qb + i_hk * s_qh
+    k_base = k_ptr + i_b * s_kb + i_hk * s_kh
+    g_base = g_ptr + i_b * s_gb + i_h * s_gh
+    DT = k_ptr.dtype.element_ty
+    if STORE_A:
+        a_base = a_ptr + i_b * s_ab + i_h * s_ah
+        for bi in tl.static_range(BT // 16):
+            r0 = start + bi * 16
+            ri = r0 + o16
+            vi = ri < eos
+            acc = tl.zeros([16, BT], dtype=tl.float32)
+            b_d = tl.zeros([16, 16], dtype=tl.float32)
+            if r0 < eos:
+                for i_k in range((K + BK - 1) // BK):
+                    d = i_k * BK + tl.arange(0, BK)
+                    dm = d < K
+                    mi = vi[:, None] & dm[None, :]
+                    b_q = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+                    b_k = tl.load(k_base + ri[:, None] * s_kt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+                    b_g = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+                    if bi > 0:
+                        g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+                        q_i = b_q * _masked_exp(b_g - g_r[None, :], mi)
+                        mj = dm[:, None] & ((o < bi * 16) & col_ok)[None, :]
+                        b_kt = tl.load(k_base + cols[None, :] * s_kt + d[:, None], mask=mj, other=0.0).to(tl.float32)
+                        b_gt = tl.load(g_base + cols[None, :] * s_gt + d[:, None], mask=mj, other=0.0).to(tl.float32)
+                        acc += _dot(q_i, b_kt * _masked_exp(g_r[:, None] - b_gt, mj), DT)
+                    b_d += tl.sum(b_q[:, None, :] * b_k[None, :, :] * _diag_decay(b_g, mi, True), 2)
+            # earlier columns from acc (zeros after them), the diagonal block from b_d: disjoint stores
+            keep = vi[:, None] & col_ok[None, :] & (o[None, :] < bi * 16)
+            acc = tl.where(keep, acc * scale, 0.0)
+            tl.store(a_base + ri[:, None] * s_at + o[None, :], acc.to(a_ptr.dtype.element_ty),
+                     mask=vi[:, None] & ((o < bi * 16) | (o >= bi * 16 + 16))[None, :])
+            tl.store(a_base + ri[:, None] * s_at + (bi * 16 + o16)[None, :], (b_d * scale).to(a_ptr.dtype.element_ty),
+                     mask=vi[:, None])
+    if STORE_QG or STORE_KG:
+        valid = col_ok
+        last = tl.minimum(eos - start, BT) - 1
+        for i_k in range((K + BK - 1) // BK):
+            d = i_k * BK + tl.arange(0, BK)
+            dm = d < K
+            m = valid[:, None] & dm[None, :]
+            b_g = tl.load(g_base + cols[:, None] * s_gt + d[None, :], mask=m, other=0.0).to(tl.float32)
+            if STORE_QG:
+                b_q = tl.load(q_base + cols[:, None] * s_qt + d[None, :], mask=m, other=0.0).to(tl.float32)
+                tl.store(qg_ptr + i_b * s_xb + i_h * s_xh + cols[:, None] * s_xt + d[None, :],
+                         (b_q * _masked_exp(b_g, m)).to(qg_ptr.dtype.element_ty), mask=m)
+            if STORE_KG:
+                g_last = tl.load(g_base + (start + last) * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+                b_k = tl.load(k_base + cols[:, None] * s_kt + d[None, :], mask=m, other=0.0).to(tl.float32)
+                tl.store(kg_ptr + i_b * s_yb + i_h * s_yh + cols[:, None] * s_yt + d[None, :],
+                         (b_k * _masked_exp(g_last[None, :] - b_g, m)).to(kg_ptr.dtype.element_ty), mask=m)
+
+
+# ------------------------------------------------------------------------------------------------
+# output stage: o = scale·(q ⊙ e^G) S_c + Aqk v_new
+# ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def kda_fwd_o_kernel(q_ptr, g_ptr, v_ptr, h_ptr, a_ptr, o_ptr, cu_ptr, idx_ptr, T, B, HV, GQ, K, V, scale,
+                     s_qb, s_qt, s_qh, s_gb, s_gt, s_gh, s_vb, s_vt, s_vh, s_hb, s_hc, s_hh, s_hk,
+                     s_ab, s_at, s_ah, s_ob, s_ot, s_oh,
+                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """One (chunk, value head, V-tile of ``BV``) per program:
+    ``o = scale·(q ⊙ e^{G}) S_c + Aqk v_new`` (``Aqk`` lower triangular, scale included), ``q ⊙ e^{G}``
+    staged in q's dtype for the product with the state. Program id: flattened
+    ``((chunk · B + batch) · HV + head) · NV + V-tile``; ``h`` is indexed by the flattened chunk."""
+    pid = tl.program_id(0).to(tl.int64)
+    NV = tl.cdiv(V, BV)
+    i_v = pid % NV
+    rest = pid // NV
+    i_h = rest % HV
+    rest = rest // HV
+    i_b = rest % B
+    i_c = rest // B
+    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    v0 = i_v * BV
+    o_t = tl.arange(0, BT)
+    rmask = o_t < eos - start
+    cols = tl.arange(0, BV)
+    cmask = cols < V - v0
+    q_c = q_ptr + i_b * s_qb + (i_h // GQ) * s_qh + start * s_qt
+    g_c = g_ptr + i_b * s_gb + i_h * s_gh + start * s_gt
+    h_c = h_ptr + i_b * s_hb + i_c * s_hc + i_h * s_hh + v0
+
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        d = i_k * BK + tl.arange(0, BK)
+        dmask = d < K
+        m = rmask[:, None] & dmask[None, :]
+        b_q = tl.load(q_c + o_t[:, None] * s_qt + d[None, :], mask=m, other=0.0)
+        b_g = tl.load(g_c + o_t[:, None] * s_gt + d[None, :], mask=m, other=0.0).to(tl.float32)
+        b_qg = (b_q.to(tl.float32) * _masked_exp(b_g, m)).to(b_q.dtype)
+        b_h = tl.load(h_c + d[:, None] * s_hk + cols[None, :], mask=dmask[:, None] & cmask[None, :], other=0.0)
+        b_o += _mm(b_qg, b_h.to(b_q.dtype))
+
+    causal = (o_t[:, None] >= o_t[None, :]) & rmask[:, None] & rmask[None, :]
+    vm = rmask[:, None] & cmask[None, :]
+    b_v = tl.load(v_ptr + i_b * s_vb + i_h * s_vh + start * s_vt + v0 + o_t[:, None] * s_vt + cols[None, :],
+                  mask=vm, other=0.0)
+    b_A = tl.load(a_ptr + i_b * s_ab + i_h * s_ah + start * s_at + o_t[:, None] * s_at + o_t[None, :], mask=causal,
+                  other=0.0)
+    b_o = b_o * scale + _mm(b_A.to(b_v.dtype), b_v)
+    tl.store(o_ptr + i_b * s_ob + i_h * s_oh + start * s_ot + v0 + o_t[:, None] * s_ot + cols[None, :],
+             b_o.to(o_ptr.dtype.element_ty), mask=vm)
+
+
+# ------------------------------------------------------------------------------------------------
+# backward: dAqk and the local dv of the intra output term
+# ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def kda_bwd_dav_kernel(vn_ptr, do_ptr, a_ptr, da_ptr, dv_ptr, cu_ptr, idx_ptr, T, BHV, HV, V, scale,
+                       s_nb, s_nt, s_nh, s_ob, s_ot, s_oh, s_ab, s_at, s_ah, s_db, s_dt, s_dh, s_vb, s_vt, s_vh,
+                       BT: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Of ``o_i += Σ_{j≤i} Aqk_ij v_new_j`` for one chunk and value head: ``dA_ij = scale·(do_i·v_new_j)``
+    (``j ≤ i``, valid; fp32) and ``dv_j = Σ_{i≥j} Aqk_ij do_i``, looping over V tiles."""
+    i_c, i_b, i_h, i_hk = _program(BHV, HV, 1)
+    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    o = tl.arange(0, BT)
+    rows = start + o
+    valid = rows < eos
+    causal = (o[:, None] >= o[None, :]) & valid[:, None] & valid[None, :]
+    a_base = a_ptr + i_b * s_ab + i_h * s_ah
+    # At[i, j] = Aqk[j, i], nonzero for i <= j
+    b_At = tl.load(a_base + rows[None, :] * s_at + o[:, None], mask=(o[:, None] <= o[None, :]) & valid[:, None]
+                   & valid[None, :], other=0.0)
+    do_base = do_ptr + i_b * s_ob + i_h * s_oh
+    vn_base = vn_ptr + i_b * s_nb + i_h * s_nh
+    dv_base = dv_ptr + i_b * s_vb + i_h * s_vh
+    b_dA = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        d = i_v * BV + tl.arange(0, BV)
+        dm = d < V
+        mr = valid[:, None] & dm[None, :]
+        b_do = tl.load(do_base + rows[:, None] * s_ot + d[None, :], mask=mr, other=0.0)
+        b_vt = tl.load(vn_base + rows[None, :] * s_nt + d[:, None], mask=dm[:, None] & valid[None, :], other=0.0)
+        b_dA += _mm(b_do, b_vt.to(b_do.dtype))
+        b_dv = _mm(b_At.to(b_do.dtype), b_do)
+        tl.store(dv_base + rows[:, None] * s_vt + d[None, :], b_dv.to(dv_ptr.dtype.element_ty), mask=mr)
+    tl.store(da_ptr + i_b * s_db + i_h * s_dh + rows[:, None] * s_dt + o[None, :],
+             tl.where(causal, b_dA * scale, 0.0), mask=valid[:, None])
+
+
+# ------------------------------------------------------------------------------------------------
+# chunk_kda_bwd_wy_dqkg_fused (SPEC 1.11.2)
+# ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def kda_bwd_wy_dqkg_kernel(q_ptr, k_ptr, v_ptr, vn_ptr, g_ptr, beta_ptr, a_ptr, h_ptr, do_ptr, dh_ptr, dv_ptr,
+                           dq_ptr, dk_ptr, dvo_ptr, db_ptr, dg_ptr, da_ptr, cu_ptr, idx_ptr,
+                           T, BHV, HV, GRP, K, V, scale,
+                           s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_nb, s_nt, s_nh,
+                           s_gb, s_gt, s_gh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, s_hb, s_hc, s_hh, s_hk,
+                           s_ob, s_ot, s_oh, s_eb, s_ec, s_eh, s_ek, s_wb, s_wt, s_wh,
+                           s_xb, s_xt, s_xh, s_yb, s_yt, s_yh, s_zb, s_zt, s_zh, s_db, s_dt, s_dh,
+                           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """SPEC 1.11.2 for one chunk and value head (``T = A``, ``S = h[c]``, ``dS = dh[c]``, ``dV = dv``).
+
+    V pass: ``dv = β ⊙ TᵀdV``, ``db = Σ v ⊙ TᵀdV``, ``dT = dV (β v)ᵀ``. K pass (``BK`` blocks, each
+    with a V loop over the state tiles): ``dq = scale e^{G} ⊙ (do Sᵀ)``, ``dks = e^{Γ−G} ⊙ (v_new dSᵀ)``,
+    ``dw = −dV Sᵀ``, ``dT += dw (β e^G k)ᵀ``, ``dk = dks + β e^G ⊙ Tᵀdw``, ``db += (e^G ⊙ k)·Tᵀdw``,
+    ``dg = q ⊙ dq − k ⊙ dks + β e^G k ⊙ Tᵀdw`` plus ``e^{Γ} ⊙ Σ_v S ⊙ dS + Σ_j k_j ⊙ dks_j`` at the last
+    valid row. Then ``dA = −Tᵀ dT Tᵀ`` (strictly lower). ``dq``, ``dk``, ``dg``, ``db``, ``dA`` fp32 per
+    value head (``dq``, ``dk``, ``dg`` share one layout)."""
+    i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
+    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    o = tl.arange(0, BT)
+    rows = start + o
+    valid = rows < eos
+    m2 = valid[:, None] & valid[None, :]
+    last = tl.minimum(eos - start, BT) - 1
+    DT = k_ptr.dtype.element_ty
+    # Tt[i, j] = T[j, i]: only feeds products, held in the dot operand dtype
+    b_Tt = tl.load(a_ptr + i_b * s_ab + i_h * s_ah + rows[None, :] * s_at + o[:, None], mask=m2,
+                   other=0.0).to(tl.float32).to(DT)
+    b_beta = tl.load(beta_ptr + i_b * s_bb + rows * s_bt + i_h * s_bh, mask=valid, other=0.0).to(tl.float32)
+    b_db = tl.zeros([BT], dtype=tl.float32)
+    b_dT = tl.zeros([BT, BT], dtype=tl.float32)
+
+    v_base = v_ptr + i_b * s_vb + i_h * s_vh
+    vn_base = vn_ptr + i_b * s_nb + i_h * s_nh
+    do_base = do_ptr + i_b * s_ob + i_h * s_oh
+    dv_base = dv_ptr + i_b * s_wb + i_h * s_wh
+    for i_v in range(0, tl.cdiv(V, BV)):
+        e = i_v * BV + tl.arange(0, BV)
+        em = e < V
+        mr = valid[:, None] & em[None, :]
+        b_dV = tl.load(dv_base + rows[:, None] * s_wt + e[None, :], mask=mr, other=0.0).to(tl.float32)
+        b_v = tl.load(v_base + rows[:, None] * s_vt + e[None, :], mask=mr, other=0.0).to(tl.float32)
+        b_vt = tl.load(v_base + rows[None, :] * s_vt + e[:, None], mask=em[:, None] & valid[None, :],
+                       other=0.0).to(tl.float32)
+        b_TdV = _dot(b_Tt, b_dV, DT)
+        tl.store(dvo_ptr + i_b * s_yb + i_h * s_yh + rows[:, None] * s_yt + e[None, :],
+                 (b_beta[:, None] * b_TdV).to(dvo_ptr.dtype.element_ty), mask=mr)
+        b_db += tl.sum(b_v * b_TdV, 1)
+        b_dT += _dot(b_dV, b_vt * b_beta[None, :], DT)
+
+    q_base = q_ptr + i_b * s_qb + i_hk * s_qh
+    k_base = k_ptr + i_b * s_kb + i_hk * s_kh
+    g_base = g_ptr + i_b * s_gb + i_h * s_gh
+    h_c = h_ptr + i_b * s_hb + i_c * s_hc + i_h * s_hh
+    dh_c = dh_ptr + i_b * s_eb + i_c * s_ec + i_h * s_eh
+    x_off = i_b * s_xb + i_h * s_xh + rows[:, None] * s_xt
+    for i_k in range(0, tl.cdiv(K, BK)):
+        d = i_k * BK + tl.arange(0, BK)
+        dm = d < K
+        mr = valid[:, None] & dm[None, :]
+        mc = dm[:, None] & valid[None, :]
+        b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dks = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dw = tl.zeros([BT, BK], dtype=tl.float32)
+        b_sds = tl.zeros([BK], dtype=tl.float32)
+        for i_v in range(0, tl.cdiv(V, BV)):
+            e = i_v * BV + tl.arange(0, BV)
+            em = e < V
+            mh = em[:, None] & dm[None, :]
+            mv = valid[:, None] & em[None, :]
+            # St[v, k] = S[k, v], loaded transposed
+            b_St = tl.load(h_c + d[None, :] * s_hk + e[:, None], mask=mh, other=0.0)
+            b_dSt = tl.load(dh_c + d[None, :] * s_ek + e[:, None], mask=mh, other=0.0)
+            b_do = tl.load(do_base + rows[:, None] * s_ot + e[None, :], mask=mv, other=0.0)
+            b_vn = tl.load(vn_base + rows[:, None] * s_nt + e[None, :], mask=mv, other=0.0)
+            b_dV = tl.load(dv_base + rows[:, None] * s_wt + e[None, :], mask=mv, other=0.0)
+            b_dq += _dot(b_do, b_St, DT)
+            b_dks += _dot(b_vn, b_dSt, DT)
+            b_dw += _dot(b_dV, b_St, DT)
+            b_sds += tl.sum(b_St.to(tl.float32) * b_dSt.to(tl.float32), 0)
+        b_q = tl.load(q_base + rows[:, None] * s_qt + d[None, :], mask=mr, other=0.0).to(tl.float32)
+        b_k = tl.load(k_base + rows[:, None] * s_kt + d[None, :], mask=mr, other=0.0).to(tl.float32)
+        b_g = tl.load(g_base + rows[:, None] * s_gt + d[None, :], mask=mr, other=0.0).to(tl.float32)
+        g_last = tl.load(g_base + (start + last) * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+        b_eg = _masked_exp(b_g, mr)
+        b_dq = scale * b_eg * b_dq
+        b_dks = _masked_exp(g_last[None, :] - b_g, mr) * b_dks
+        b_dw = -b_dw
+        b_kt = tl.load(k_base + rows[None, :] * s_kt + d[:, None], mask=mc, other=0.0).to(tl.float32)
+        b_gt = tl.load(g_base + rows[None, :] * s_gt + d[:, None], mask=mc, other=0.0).to(tl.float32)
+        b_dT += _dot(b_dw, b_kt * _masked_exp(b_gt, mc) * b_beta[None, :], DT)
+        b_Tdw = _dot(b_Tt, b_dw, DT)
+        b_bg = b_beta[:, None] * b_eg
+        b_dk = b_dks + b_bg * b_Tdw
+        b_db += tl.sum(b_eg * b_k * b_Tdw, 1)
+        b_dg = b_q * b_dq - b_k * b_dks + b_k * b_bg * b_Tdw
+        extra = tl.exp(g_last) * b_sds + tl.sum(b_k * b_dks, 0)
+        b_dg += tl.where(o[:, None] == last, extra[None, :], 0.0)
+        tl.store(dq_ptr + x_off + d[None, :], b_dq, mask=mr)
+        tl.store(dk_ptr + x_off + d[None, :], b_dk, mask=mr)
+        tl.store(dg_ptr + x_off + d[None, :], b_dg, mask=mr)
+
+    b_dM = -_dot(b_Tt, _dot(b_dT, b_Tt, DT), DT)
+    lower = (o[:, None] > o[None, :]) & m2
+    tl.store(da_ptr + i_b * s_db + i_h * s_dh + rows[:, None] * s_dt + o[None, :], tl.where(lower, b_dM, 0.0),
+             mask=valid[:, None])
+    tl.store(db_ptr + i_b * s_zb + i_h * s_zh + rows * s_zt, b_db, mask=valid)
+
+
+# ------------------------------------------------------------------------------------------------
+# backward: intra-chunk paths through Aqk and M
+# ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr,
+                         cu_ptr, idx_ptr, T, BHV, HV, GRP,
+                         s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
+                         s_ab, s_at, s_ah, s_xb, s_xt, s_xh, s_zb, s_zt, s_zh,
+                         K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Adds the intra-chunk gradients of one chunk and value head to ``dq, dk, dg, db`` (fp32, per value
+    head, updated in place) given ``dAq`` (cotangent of ``Aqk/scale``, ``j ≤ i``) and ``dAm`` (of ``M``,
+    ``j < i``), both fp32 with the layout of ``A``; ``E_ij = e^{G_i − G_j}`` per channel:
+
+    rows: ``Rq_i = Σ_{j≤i} dAq_ij E_ij ⊙ k_j``, ``Rk_i = Σ_{j<i} dAm_ij E_ij ⊙ k_j``;
+    columns: ``C_j = Σ_{i≥j} E_ij ⊙ (dAq_ij q_i + dAm_ij β_i k_i)``;
+    ``dq += Rq``, ``dk += β Rk + C``, ``db += k·Rk``, ``dg += q ⊙ Rq + β k ⊙ Rk − k ⊙ C``.
+
+    Per 16-row block ``a`` starting at ``r``: the row sums over earlier columns use the reference ``r``
+    (``e^{G_i − G_r}`` x ``e^{G_r − G_j}``); the column sums over later rows use the reference ``r + 16``,
+    the first row of those rows (``e^{G_i − G_{r+16}}`` x ``e^{G_{r+16} − G_j}``); pairs inside the block
+    get the exact masked exponential from one ``[16, 16, BK]`` per-pair tensor (``_diag_decay``)."""
+    i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
+    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    o = tl.arange(0, BT)
+    o16 = tl.arange(0, 16)
+    rows = start + o
+    valid = rows < eos
+    DT = k_ptr.dtype.element_ty
+    q_base = q_ptr + i_b * s_qb + i_hk * s_qh
+    k_base = k_ptr + i_b * s_kb + i_hk * s_kh
+    g_base = g_ptr + i_b * s_gb + i_h * s_gh
+    aq_base = daq_ptr + i_b * s_ab + i_h * s_ah
+    am_base = dam_ptr + i_b * s_ab + i_h * s_ah
+    b_beta = tl.load(beta_ptr + i_b * s_bb + rows * s_bt + i_h * s_bh, mask=valid, other=0.0).to(tl.float32)
+    for bi in tl.static_range(BT // 16):
+        r0 = start + bi * 16
+        ri = r0 + o16
+        vi = ri < eos
+        if r0 < eos:
+            b_bi = tl.load(beta_ptr + i_b * s_bb + ri * s_bt + i_h * s_bh, mask=vi, other=0.0).to(tl.float32)
+            # coefficient rows of the block over earlier columns, and (transposed) over later rows
+            mrow = vi[:, None] & valid[None, :] & (o[None, :] < bi * 16)
+            b_aq = tl.load(aq_base + ri[:, None] * s_at + o[None, :], mask=mrow, other=0.0)
+            b_am = tl.load(am_base + ri[:, None] * s_at + o[None, :], mask=mrow, other=0.0)
+            mcol = vi[:, None] & valid[None, :] & (o[None, :] >= (bi + 1) * 16)
+            b_aqt = tl.load(aq_base + rows[None, :] * s_at + (bi * 16 + o16)[:, None], mask=mcol, other=0.0)
+            b_amt = tl.load(am_base + rows[None, :] * s_at + (bi * 16 + o16)[:, None], mask=mcol, other=0.0)
+            # the block's own 16x16 coefficients (j <= i for dAq, j < i for dAm)
+            md = vi[:, None] & vi[None, :]
+            b_aqd = tl.load(aq_base + ri[:, None] * s_at + (bi * 16 + o16)[None, :],
+                            mask=md & (o16[:, None] >= o16[None, :]), other=0.0)
+            b_amd = tl.load(am_base + ri[:, None] * s_at + (bi * 16 + o16)[None, :],
+                            mask=md & (o16[:, None] > o16[None, :]), other=0.0)
+            r1 = r0 + 16
+            r1_ok = r1 < eos
+            b_dbi = tl.zeros([16], dtype=tl.float32)
+            for i_k in range((K + BK - 1) // BK):
+                d = i_k * BK + tl.arange(0, BK)
+                dm = d < K
+                mi = vi[:, None] & dm[None, :]
+                b_qa = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+                b_ka = tl.load(k_base + ri[:, None] * s_kt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+                b_ga = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+                b_Rq = tl.zeros([16, BK], dtype=tl.float32)
+                b_Rk = tl.zeros([16, BK], dtype=tl.float32)
+                b_C = tl.zeros([16, BK], dtype=tl.float32)
+                if bi > 0:
+                    g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+                    mj = (valid & (o < bi * 16))[:, None] & dm[None, :]
+                    b_k = tl.load(k_base + rows[:, None] * s_kt + d[None, :], mask=mj, other=0.0).to(tl.float32)
+                    b_g = tl.load(g_base + rows[:, None] * s_gt + d[None, :], mask=mj, other=0.0).to(tl.float32)
+                    b_kj = b_k * _masked_exp(g_r[None, :] - b_g, mj)
+                    fac = _masked_exp(b_ga - g_r[None, :], mi)
+                    b_Rq += fac * _dot(b_aq, b_kj, DT)
+                    b_Rk += fac * _dot(b_am, b_kj, DT)
+                if bi < BT // 16 - 1:
+                    g_r1 = tl.load(g_base + r1 * s_gt + d, mask=dm & r1_ok, other=0.0).to(tl.float32)
+                    mz = (valid & (o >= (bi + 1) * 16))[:, None] & dm[None, :]
+                    b_q = tl.load(q_base + rows[:, None] * s_qt + d[None, :], mask=mz, other=0.0).to(tl.float32)
+                    b_k = tl.load(k_base + rows[:, None] * s_kt + d[None, :], mask=mz, other=0.0).to(tl.float32)
+                    b_g = tl.load(g_base + rows[:, None] * s_gt + d[None, :], mask=mz, other=0.0).to(tl.float32)
+                    e1 = _masked_exp(b_g - g_r1[None, :], mz)
+                    fac = _masked_exp(g_r1[None, :] - b_ga, mi & r1_ok)
+                    b_C += fac * (_dot(b_aqt, b_q * e1, DT) + _dot(b_amt, b_k * e1 * b_beta[:, None], DT))
+                # pairs inside the block: exact per-pair exponentials
+                e3 = _diag_decay(b_ga, mi, True)
+                ka3 = b_ka[None, :, :] * e3
+                b_Rq += tl.sum(b_aqd[:, :, None] * ka3, 1)
+                b_Rk += tl.sum(b_amd[:, :, None] * ka3, 1)
+                b_C += tl.sum(e3 * (b_aqd[:, :, None] * b_qa[:, None, :]
+                                    + b_amd[:, :, None] * (b_bi[:, None] * b_ka)[:, None, :]), 0)
+                x_off = i_b * s_xb + i_h * s_xh + ri[:, None] * s_xt + d[None, :]
+                b_dq = tl.load(dq_ptr + x_off, mask=mi, other=0.0) + b_Rq
+                b_dk = tl.load(dk_ptr + x_off, mask=mi, other=0.0) + b_bi[:, None] * b_Rk + b_C
+                b_dg = tl.load(dg_ptr + x_off, mask=mi, other=0.0) + b_qa * b_Rq + b_bi[:, None] * b_ka * b_Rk \
+                    - b_ka * b_C
+                b_dbi += tl.sum(b_ka * b_Rk, 1)
+                tl.store(dq_ptr + x_off, b_dq, mask=mi)
+                tl.store(dk_ptr + x_off, b_dk, mask=mi)
+                tl.store(dg_ptr + x_off, b_dg, mask=mi)
+            z_off = db_ptr + i_b * s_zb + i_h * s_zh + ri * s_zt
+            tl.store(z_off, tl.load(z_off, mask=vi, other=0.0) + b_dbi, mask=vi)
