@@ -244,6 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     atk_cli.build_parser(sub.add_parser("atk", help="accuracy/performance/memory/determinism harness "
                                                     "(tests/atk_tests/*.yaml)"))
+    from . import train  # no kernel imports at its top either
+
+    train.build_parser(sub.add_parser("train", help="train a small hybrid LM built from these operators on the "
+                                                    "Python standard library's source (examples/train_hybrid.py)"))
     return p
 
 
@@ -263,6 +267,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .atk import cli as atk_cli
 
         return atk_cli.run_cli(args, parser)
+    if args.command == "train":
+        from . import train
+
+        return train.run_cli(args, parser)
     parser.print_help()
     return 2
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine of this project's kind (CPU, Linux, Python >= 3.10):
-#   bash scripts/dev.sh check   # set up, then run the main job: every operator vs its reference
+#   bash scripts/dev.sh train   # set up, then the main job: train the example hybrid LM (a few minutes on CPU)
+#   bash scripts/dev.sh check   # set up, then check every operator against its reference
 #   bash scripts/dev.sh test    # set up, then run the unit tests (Triton kernels under the CPU interpreter)
 #   bash scripts/dev.sh setup   # only the set-up
 # Set-up makes ./.venv with torch 2.13.0 (CPU), triton 3.6.0 and numpy<2.4 (numpy >= 2.4 breaks the
-# Triton interpreter's runtime-bounded loops), then installs this project with its test/bench extras.
+# Triton interpreter's runtime-bounded loops), then installs this project with its test/bench/hf extras
+# (hf: transformers, for the integration tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -16,7 +18,7 @@ setup() {
   fi
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0" "triton==3.6.0" "numpy<2.4" 2>&1 \
     | grep -v "is ignored: it is neither" || true
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[test,bench]" 2>&1 \
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[test,bench,hf]" 2>&1 \
     | grep -v "is ignored: it is neither" || true
   "$VENV/bin/python" -c "import torch, triton, numpy; print(f'torch {torch.__version__}, triton {triton.__version__}, numpy {numpy.__version__}')"
 }
@@ -25,11 +27,12 @@ cmd=${1:-test}
 shift || true
 case "$cmd" in
   setup) setup ;;
+  train) setup; exec "$VENV/bin/mindspeed-ops" train "$@" ;;
   check) setup; exec "$VENV/bin/mindspeed-ops" check "$@" ;;
   test)
     setup
     # No GPU here: tests/conftest.py turns on TRITON_INTERPRET=1 so the real kernels run on CPU.
     export OMP_NUM_THREADS=1
     "$VENV/bin/python" -m pytest -n 2 -q -p no:cacheprovider tests "$@" ;;
-  *) echo "usage: bash scripts/dev.sh [setup|check|test] [args...]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/dev.sh [setup|train|check|test] [args...]" >&2; exit 2 ;;
 esac
