@@ -108,12 +108,13 @@ def _configs():
 def _prune(configs, named_args, **kwargs):
     """Keep configs whose fp32 state (``NK·BK x BV``) is at most 64 registers a thread (more spills
     at K = 256), whose V tile is not wider than V needs, and (per-channel gates at K > 128) that stage
-    only two chunks of tiles in shared memory."""
+    only two chunks of tiles in shared memory (three overflow it at K = 256 or in fp32)."""
     args = {**named_args, **kwargs}
     state = args["BK"] * args["NK"]
     vmax = max(32, tu.next_power_of_2(args["V"]))
     kept = [c for c in configs if state * c.kwargs["BV"] <= 64 * 32 * c.num_warps and c.kwargs["BV"] <= vmax
-            and not (args["USE_GK"] and state > 128 and c.num_stages > 2)]  # gk tiles at K=256: smem
+            and not (args["USE_GK"] and c.num_stages > 2
+                     and (state > 128 or args["k"].element_size() > 2))]  # gk tiles at K=256 or fp32: smem
     return kept or configs[:1]
 
 
