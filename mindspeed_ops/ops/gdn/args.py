@@ -73,8 +73,9 @@ def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chun
         check_tensor(op, "cu_seqlens", cu_seqlens, dtypes=(torch.int32, torch.int64), ndim=1)
         if B != 1:
             raise ValueError(f"{op}: with cu_seqlens the batch size must be 1 (pack the batch into one row), got {B}")
-        if cu_seqlens.shape[0] < 1:
-            raise ValueError(f"{op}: cu_seqlens must have at least 1 entry, got shape {shape_str(cu_seqlens.shape)}")
+        if cu_seqlens.shape[0] < 2:  # N + 1 offsets of N >= 1 sequences
+            raise ValueError(f"{op}: cu_seqlens must have at least 2 entries (N + 1 offsets, N >= 1), got shape "
+                             f"{shape_str(cu_seqlens.shape)}")
         if cu_seqlens.device != q.device and cu_seqlens.device.type != "cpu":
             raise ValueError(f"{op}: cu_seqlens is on {cu_seqlens.device} but q is on {q.device}")
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1

@@ -44,6 +44,9 @@ def _reference_forward(q, k, v, g, beta, scale, initial_state, output_final_stat
 def _reference_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_l2, cu_seqlens, chunk_size):
     """Autograd of the chunked reference (``G``/``Ainv`` recomputed inside)."""
     want_final = dht is not None
+    empty = _ref.no_token_grads(q, k, v, g, beta, initial_state, dht, cu_seqlens)
+    if empty is not None:  # nothing processed: autograd would record no graph
+        return empty
 
     def fn(q_, k_, v_, g_, b_, h0_):
         o, final = _ref.chunk_gated_delta_rule_ref(q_, k_, v_, g_, b_, scale, h0_, want_final, use_l2, cu_seqlens,

@@ -299,3 +299,17 @@ def chunk_gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         o = o.index_put(rows, oc)
         finals.append(S)
     return _finish(o, finals, cd, out_dtype, output_final_state)
+
+
+def no_token_grads(q, k, v, g, beta, initial_state, dht, cu_seqlens):
+    """Gradients of a GDN/KDA call that processes no token (``T = 0`` or only empty sequences), where
+    autograd through the references records nothing: zeros, and ``dh0 = dht`` (the final state is the
+    initial state). ``None`` when some token is processed."""
+    tokens = q.shape[0] * q.shape[1] if cu_seqlens is None else int(cu_seqlens[-1]) - int(cu_seqlens[0])
+    if tokens > 0:
+        return None
+    zeros = [None if t is None else torch.zeros_like(t) for t in (q, k, v, g, beta)]
+    dh0 = None
+    if initial_state is not None:
+        dh0 = torch.zeros_like(initial_state) if dht is None else dht.to(initial_state.dtype).clone()
+    return (*zeros, dh0)

@@ -14,6 +14,7 @@ import torch
 
 from ... import backends
 from ..common import call_op, eager_autograd, reference_vjp
+from ..gdn import reference as _gdn_ref
 from ..gdn.reference import _l2norm, chunk_local_cumsum_ref, solve_tril_ref
 from ..gdn.reference_wy import chunk_scaled_dot_kkt_fwd_ref
 from ..gdn.args import host_cu as _host_cu
@@ -45,6 +46,9 @@ def _reference_backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, s
                         chunk_size):
     """Autograd of the chunked reference (``G``/``Akk``/``Aqk`` recomputed inside)."""
     want_final = dht is not None
+    empty = _gdn_ref.no_token_grads(q, k, v, g, beta, initial_state, dht, cu_seqlens)
+    if empty is not None:  # nothing processed: autograd would record no graph
+        return empty
 
     def fn(q_, k_, v_, g_, b_, h0_):
         o, final = _ref.chunk_kda_ref(q_, k_, v_, g_, b_, scale, h0_, want_final, use_l2, cu_seqlens, chunk_size)

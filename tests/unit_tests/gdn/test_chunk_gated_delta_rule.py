@@ -189,3 +189,23 @@ def test_real_varlen_bf16():
     lens = [1000, 1, 3000, 512, 2000, 1, 1, 1676]
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEVICE)
     _compare(_inputs(1, sum(lens), 16, 16, 128, 128, torch.bfloat16, N=len(lens)), torch.bfloat16, cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_no_token_processed(backend):
+    """Only empty sequences (fresh-user review): o = 0, final_state = h0, zero gradients, dh0 = dht, on
+    both backends; zero sequences (cu_seqlens = [0]) is a ValueError."""
+    import mindspeed_ops
+
+    q, k, v, g, beta, h0 = _inputs(1, 10, 1, 2, 16, 16, torch.float32, N=2)
+    ls = _leaves((q, k, v, g, beta, h0))
+    with mindspeed_ops.use_backend(backend, ops=[OP]):
+        o, fs = api.chunk_gated_delta_rule(*ls[:5], initial_state=ls[5], output_final_state=True,
+                                           cu_seqlens=torch.tensor([0, 0, 0], device=DEVICE), chunk_size=16)
+        dht = torch.randn_like(fs)
+        (o.sum() + (fs * dht).sum()).backward()
+    assert torch.equal(o, torch.zeros_like(o)) and torch.equal(fs, h0)
+    assert all(torch.equal(t.grad, torch.zeros_like(t)) for t in ls[:5])
+    assert torch.allclose(ls[5].grad, dht)
+    with pytest.raises(ValueError, match="at least 2 entries"):
+        api.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=torch.tensor([0], device=DEVICE))
