@@ -114,7 +114,7 @@ def _prune(configs, named_args, **kwargs):
     vmax = max(32, tu.next_power_of_2(args["V"]))
     kept = [c for c in configs if state * c.kwargs["BV"] <= 64 * 32 * c.num_warps and c.kwargs["BV"] <= vmax
             and not (args["USE_GK"] and c.num_stages > 2
-                     and (state > 128 or args["k"].element_size() > 2))]  # gk tiles at K=256 or fp32: smem
+                     and (state > 128 or args["k_ptr"].element_size() > 2))]  # gk tiles at K=256 or fp32: smem
     return kept or configs[:1]
 
 
