@@ -10,7 +10,7 @@ from ...validation import check_same_device, check_tensor, reject_float64
 from ..common import unit_last_stride
 from . import reference_bwd as _ref
 from .bwd_dv import check_qk_do
-from .common import chunk_table, use_triton
+from .common import chunk_table, sequence_chunks, use_triton
 
 OP = "chunk_gated_delta_rule_bwd_dhu"
 
@@ -139,17 +139,7 @@ def forward(q, k, w, do, dv, g, gk, h0, dht, scale, chunk_size, cu_host):
     BT = chunk_size
     dev = q.device
     N = B if cu_host is None else len(cu_host) - 1
-    if cu_host is None:
-        NT = tu.cdiv(T, BT)
-        cu = off = None
-    else:
-        counts = [tu.cdiv(b - a, BT) for a, b in zip(cu_host, cu_host[1:])]
-        NT = sum(counts)
-        offs = [0]
-        for c in counts:
-            offs.append(offs[-1] + c)
-        cu = torch.tensor(cu_host, dtype=torch.int64, device=dev)
-        off = torch.tensor(offs, dtype=torch.int64, device=dev)
+    NT, cu, off = sequence_chunks(cu_host, T, BT, dev)
     qq, kk, ww, oo, vv = (unit_last_stride(tu.kernel_input(t)) for t in (q, k, w, do, dv))
     gg, gkk, tt = (unit_last_stride(tu.kernel_input(t)) for t in (g, gk, dht))
     dh = torch.empty(B, NT, HV, K, V, dtype=tu.kernel_dtype(q.dtype), device=dev)

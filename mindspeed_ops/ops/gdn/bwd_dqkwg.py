@@ -11,7 +11,7 @@ from ...validation import check_same_device, check_tensor, reject_float64
 from ..common import unit_last_stride
 from . import reference_bwd as _ref
 from .bwd_dv import check_qk_do
-from .common import chunk_table, use_triton
+from .common import chunk_table, prune_v_tiles, use_triton
 
 OP = "chunk_bwd_dqkwg"
 
@@ -95,11 +95,7 @@ def _configs():
             for bv, nw, ns in ((64, 8, 2), (32, 8, 2), (64, 8, 3), (32, 8, 3))]
 
 
-def _prune(configs, named_args, **kwargs):
-    """Drop V tiles wider than V needs (V rounded up to a power of two, at least 32)."""
-    vmax = max(32, tu.next_power_of_2(named_args["V"]))
-    kept = [c for c in configs if c.kwargs["BV"] <= vmax]
-    return kept or configs[:1]
+_prune = prune_v_tiles
 
 
 _KERNEL = None

@@ -10,7 +10,7 @@ from ... import triton_utils as tu
 from ...validation import check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str
 from ..common import unit_last_stride
 from . import reference_bwd as _ref
-from .common import chunk_table, use_triton
+from .common import chunk_table, prune_v_tiles, use_triton
 
 OP = "chunk_bwd_dv_local"
 MAX_K = 256
@@ -93,11 +93,7 @@ def _configs():
             for bv, nw, ns in ((64, 4, 2), (128, 8, 2), (128, 4, 3), (64, 4, 3))]
 
 
-def _prune(configs, named_args, **kwargs):
-    """Drop V tiles wider than V needs (V rounded up to a power of two, at least 32)."""
-    vmax = max(32, tu.next_power_of_2(named_args["V"]))
-    kept = [c for c in configs if c.kwargs["BV"] <= vmax]
-    return kept or configs[:1]
+_prune = prune_v_tiles
 
 
 _KERNEL = None

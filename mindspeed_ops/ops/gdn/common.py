@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 
 from ... import backends
+from ... import triton_utils as tu
 from ...validation import check_tensor, shape_str
 from ...varlen import build_chunk_indices
 
@@ -32,3 +33,25 @@ def chunk_table(op: str, cu_host: Optional[list], cu_seqlens: Optional[torch.Ten
             raise ValueError(f"{op}: chunk_indices must have shape [NT, 2] = [{nt}, 2] for chunk_size {BT}, "
                              f"got {shape_str(chunk_indices.shape)}")
     return nt, cu_seqlens, chunk_indices
+
+
+def sequence_chunks(cu_host: Optional[list], T: int, BT: int, device: torch.device
+                    ) -> tuple[int, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """For the per-sequence state scans: ``(NT, cu_seqlens, chunk offsets)``. Fixed length: ``NT =
+    ceil(T/BT)`` per batch row, no tables. Varlen: ``NT = Σ ceil(L_n/BT)``, the offsets and the index
+    of each sequence's first chunk in the flattened chunk list (``[N+1]`` int64), on ``device``."""
+    if cu_host is None:
+        return (T + BT - 1) // BT, None, None
+    offs = [0]
+    for a, b in zip(cu_host, cu_host[1:]):
+        offs.append(offs[-1] + (b - a + BT - 1) // BT)
+    return (offs[-1], torch.tensor(cu_host, dtype=torch.int64, device=device),
+            torch.tensor(offs, dtype=torch.int64, device=device))
+
+
+def prune_v_tiles(configs, named_args, **kwargs):
+    """Autotune prune shared by the chunk launchers: drop V tiles (``BV``) wider than V needs (V rounded
+    up to a power of two, at least 32); keep at least one config."""
+    vmax = max(32, tu.next_power_of_2(named_args["V"]))
+    kept = [c for c in configs if c.kwargs["BV"] <= vmax]
+    return kept or configs[:1]

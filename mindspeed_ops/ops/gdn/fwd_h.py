@@ -9,7 +9,7 @@ from ... import triton_utils as tu
 from ...validation import (check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str)
 from ..common import unit_last_stride
 from . import reference_fwd as _ref
-from .common import chunk_table, use_triton
+from .common import chunk_table, sequence_chunks, use_triton
 
 OP = "chunk_gated_delta_rule_fwd_h"
 MAX_K = 256
@@ -159,17 +159,7 @@ def forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_
     BT = chunk_size
     dev = k.device
     N = B if cu_host is None else len(cu_host) - 1
-    if cu_host is None:
-        NT = tu.cdiv(T, BT)
-        cu = off = None
-    else:
-        counts = [tu.cdiv(b - a, BT) for a, b in zip(cu_host, cu_host[1:])]
-        NT = sum(counts)
-        offs = [0]
-        for c in counts:
-            offs.append(offs[-1] + c)
-        cu = torch.tensor(cu_host, dtype=torch.int64, device=dev)
-        off = torch.tensor(offs, dtype=torch.int64, device=dev)
+    NT, cu, off = sequence_chunks(cu_host, T, BT, dev)
     kk, ww, uu, gg, gkk = (kernel_view(t, BT) for t in (k, w, u, g, gk))
     h0 = unit_last_stride(tu.kernel_input(initial_state))
     h = torch.empty(B, NT, HV, K, V, dtype=tu.kernel_dtype(k.dtype), device=dev)

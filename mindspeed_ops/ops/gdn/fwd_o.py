@@ -10,7 +10,7 @@ from ... import triton_utils as tu
 from ...validation import check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str
 from ..common import unit_last_stride
 from . import reference_fwd as _ref
-from .common import chunk_table, use_triton
+from .common import chunk_table, prune_v_tiles, use_triton
 from .fwd_h import kernel_view
 
 OP = "chunk_fwd_o"
@@ -79,11 +79,7 @@ def chunk_fwd_o(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, h: torch.Tens
     return forward(q, k, v, h, g, scale, cu_host, cu_seqlens, chunk_size, chunk_indices)
 
 
-def _prune(configs, named_args, **kwargs):
-    """Drop V tiles wider than V (rounded up to a power of two, at least 32); keep one of each size."""
-    vmax = max(32, tu.next_power_of_2(named_args["V"]))
-    kept = [c for c in configs if c.kwargs["BV"] <= vmax]
-    return kept or configs[:1]
+_prune = prune_v_tiles
 
 
 def _configs():

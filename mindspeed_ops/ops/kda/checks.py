@@ -1,36 +1,14 @@
 """``mindspeed-ops check`` cases of the KDA family (SPEC 1.11.3): the full operator against the chunked
 reference, shared recipe of SPEC 1.10.0 with per-channel gates (l2-normalised q/k in kernel, sigmoid
 beta, logsigmoid gates with some exact zeros, fp32 gates and initial state as HF Kimi-Linear passes)."""
-import torch
-import torch.nn.functional as F
-
 from ...checks import CheckCase
-from ...testing import randn, uniform
+from ..gdn.checks import inputs
 from . import reference as ref
 from .autograd import chunk_kda
 
 
 def _inputs(small, real, lens=None, h0=True, chunk_size=64):
-    def make(device, dtype, is_small):
-        B, T, H, HV, K, V = small if is_small else real
-        g = F.logsigmoid(uniform((B, T, HV, K), 0.0, 1.0, torch.float32, device, seed=3)) / 0.1
-        g = g * (uniform((B, T, HV, K), 0.0, 1.0, torch.float32, device, seed=4) > 0.2)
-        d = {"q": randn((B, T, H, K), dtype, device, seed=0), "k": randn((B, T, H, K), dtype, device, seed=1),
-             "v": randn((B, T, HV, V), dtype, device, seed=2), "g": g,
-             "beta": torch.sigmoid(randn((B, T, HV), torch.float32, device, seed=5)).to(dtype),
-             "use_qk_l2norm_in_kernel": True, "output_final_state": True, "chunk_size": chunk_size}
-        N = B
-        if lens is not None:
-            ls = lens[0 if is_small else 1]
-            cu = [0]
-            for n in ls:
-                cu.append(cu[-1] + n)
-            d["cu_seqlens"] = torch.tensor(cu, dtype=torch.int32, device=device)
-            N = len(ls)
-        if h0:
-            d["initial_state"] = randn((N, HV, K, V), torch.float32, device, seed=6)
-        return d
-    return make
+    return inputs(small, real, lens, h0, chunk_size, per_channel=True)
 
 
 def _ref(**kw):
