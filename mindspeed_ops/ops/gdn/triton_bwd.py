@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ...triton_utils import i64
-from .triton_kernels import _chunk_bounds, _mm
+from .triton_kernels import _chunk_bounds, _chunk_v_tile, _mm
 
 
 # ------------------------------------------------------------------------------------------------
@@ -33,20 +33,8 @@ def chunk_bwd_dv_local_kernel(q_ptr, k_ptr, do_ptr, g_ptr, dv_ptr, cu_ptr, idx_p
     ``dv = scale·((k qᵀ) ⊙ e^{G_i − G_j})_{i ≥ j} do`` — the transposed score tile ``Aᵀ[j, i] = k_j·q_i``
     accumulated over K in blocks of ``BK``, masked to ``i ≥ j`` inside the sequence, then one
     ``[BT, BT] x [BT, BV]`` product. Program id: flattened ``((chunk · B + batch) · HV + head) · NV + tile``."""
-    pid = tl.program_id(0).to(tl.int64)
-    NV = tl.cdiv(V, BV)
-    i_v = pid % NV
-    rest = pid // NV
-    i_h = rest % HV
-    rest = rest // HV
-    i_b = rest % B
-    i_c = rest // B
-    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
-    v0 = i_v * BV
-    o_t = tl.arange(0, BT)
-    rmask = o_t < eos - start
-    cols = tl.arange(0, BV)
-    cmask = cols < V - v0
+    i_c, i_b, i_h, start, eos, v0, o_t, rmask, cols, cmask = _chunk_v_tile(T, B, HV, V, cu_ptr, idx_ptr, BT, BV,
+                                                                          IS_VARLEN)
     q_c = q_ptr + i_b * s_qb + (i_h // GQ) * s_qh + start * s_qt
     k_c = k_ptr + i_b * s_kb + (i_h // GQ) * s_kh + start * s_kt
 

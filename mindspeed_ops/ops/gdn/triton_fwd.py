@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ...triton_utils import i64
-from .triton_kernels import _chunk_bounds, _mm
+from .triton_kernels import _chunk_v_tile, _mm
 
 
 # ------------------------------------------------------------------------------------------------
@@ -204,20 +204,8 @@ def chunk_fwd_o_kernel(q_ptr, k_ptr, v_ptr, h_ptr, g_ptr, o_ptr, cu_ptr, idx_ptr
     ``BK`` for both ``q S_c`` ([BT, BV]) and ``q kᵀ`` ([BT, BT]). Program id: flattened
     ``((chunk · B + batch) · HV + head) · NV + V-tile``; ``h`` is indexed by the flattened chunk (varlen:
     the row of ``chunk_indices``). int64 scalar bases per chunk, int32 offsets inside the tiles."""
-    pid = tl.program_id(0).to(tl.int64)
-    NV = tl.cdiv(V, BV)
-    i_v = pid % NV
-    rest = pid // NV
-    i_h = rest % HV
-    rest = rest // HV
-    i_b = rest % B
-    i_c = rest // B
-    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
-    v0 = i_v * BV
-    o_t = tl.arange(0, BT)
-    rmask = o_t < eos - start
-    cols = tl.arange(0, BV)
-    cmask = cols < V - v0
+    i_c, i_b, i_h, start, eos, v0, o_t, rmask, cols, cmask = _chunk_v_tile(T, B, HV, V, cu_ptr, idx_ptr, BT, BV,
+                                                                          IS_VARLEN)
     q_c = q_ptr + i_b * s_qb + (i_h // GQ) * s_qh + start * s_qt
     k_c = k_ptr + i_b * s_kb + (i_h // GQ) * s_kh + start * s_kt
     h_c = h_ptr + i_b * s_hb + i_c * s_hc + i_h * s_hh + v0

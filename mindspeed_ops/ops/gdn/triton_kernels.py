@@ -23,6 +23,26 @@ def _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT: tl.constexpr, IS_VARLEN: tl.const
     return bos + i_t * BT, eos
 
 
+@triton.jit
+def _chunk_v_tile(T, B, HV, V, cu_ptr, idx_ptr, BT: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Program of a chunk kernel flattened as ``((chunk · B + batch) · HV + head) · NV + V-tile``:
+    ``(chunk, batch, head, first token, sequence end, first V column, token offsets, token mask,
+    column offsets, column mask)`` of this program's ``[BT, BV]`` tile."""
+    pid = tl.program_id(0).to(tl.int64)
+    NV = tl.cdiv(V, BV)
+    i_v = pid % NV
+    rest = pid // NV
+    i_h = rest % HV
+    rest = rest // HV
+    i_b = rest % B
+    i_c = rest // B
+    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    v0 = i_v * BV
+    o_t = tl.arange(0, BT)
+    cols = tl.arange(0, BV)
+    return i_c, i_b, i_h, start, eos, v0, o_t, o_t < eos - start, cols, cols < V - v0
+
+
 # ------------------------------------------------------------------------------------------------
 # chunk_local_cumsum (SPEC 1.10.1)
 # ------------------------------------------------------------------------------------------------

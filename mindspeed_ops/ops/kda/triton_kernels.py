@@ -19,7 +19,7 @@ the **first row of the row block**: both arguments are ``≤ 0`` for non-positiv
 import triton
 import triton.language as tl
 
-from ..gdn.triton_kernels import _chunk_bounds, _mm
+from ..gdn.triton_kernels import _chunk_bounds, _chunk_v_tile, _mm
 from ..gdn.triton_wy import _dot, _program
 
 
@@ -133,20 +133,8 @@ def kda_fwd_o_kernel(q_ptr, g_ptr, v_ptr, h_ptr, a_ptr, o_ptr, cu_ptr, idx_ptr, 
     ``o = scale·(q ⊙ e^{G}) S_c + Aqk v_new`` (``Aqk`` lower triangular, scale included), ``q ⊙ e^{G}``
     staged in q's dtype for the product with the state. Program id: flattened
     ``((chunk · B + batch) · HV + head) · NV + V-tile``; ``h`` is indexed by the flattened chunk."""
-    pid = tl.program_id(0).to(tl.int64)
-    NV = tl.cdiv(V, BV)
-    i_v = pid % NV
-    rest = pid // NV
-    i_h = rest % HV
-    rest = rest // HV
-    i_b = rest % B
-    i_c = rest // B
-    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
-    v0 = i_v * BV
-    o_t = tl.arange(0, BT)
-    rmask = o_t < eos - start
-    cols = tl.arange(0, BV)
-    cmask = cols < V - v0
+    i_c, i_b, i_h, start, eos, v0, o_t, rmask, cols, cmask = _chunk_v_tile(T, B, HV, V, cu_ptr, idx_ptr, BT, BV,
+                                                                          IS_VARLEN)
     q_c = q_ptr + i_b * s_qb + (i_h // GQ) * s_qh + start * s_qt
     g_c = g_ptr + i_b * s_gb + i_h * s_gh + start * s_gt
     h_c = h_ptr + i_b * s_hb + i_c * s_hc + i_h * s_hh + v0
