@@ -315,6 +315,34 @@ def group_gdn(copy_gbs: float, with_bwd: bool = True) -> None:
         torch.cuda.empty_cache()
 
 
+def group_kda(copy_gbs: float, with_bwd: bool = True) -> None:
+    """KDA (Kimi-Linear) shapes, K = V = 128, per-channel gates logsigmoid(rand) (fp32), qk l2norm in
+    kernel, bf16; floor: the minimum bytes (q, k, v, beta read, g read in fp32, o written)."""
+    fla_kda = _peer("fla.ops.kda", "chunk_kda")
+    lens = [3000, 1000, 2500, 1500, 4000, 500, 2884, 1000]
+    for B, T, H, cu_list in ((1, 8192, 16, None), (1, 16384, 32, None), (1, 16384, 16, lens)):
+        K = V = 128
+        cu = None if cu_list is None else torch.tensor([0] + torch.tensor(cu_list).cumsum(0).tolist(),
+                                                         device=DEV, dtype=torch.int64)
+        q, k, v, _, beta = _gdn_inputs(B, T, H, K, V)
+        g = F.logsigmoid(torch.rand(B, T, H, K, device=DEV)).requires_grad_()
+        ins = (q, k, v, g, beta)
+
+        def ours():
+            return api.chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
+        impls = {"ours": (ours, _grad(lambda: ours().float().sum(), ins) if with_bwd else None)}
+        if fla_kda is not None:
+            def fla():
+                return fla_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
+            impls["fla chunk_kda"] = (fla, _grad(lambda: fla().float().sum(), ins) if with_bwd else None)
+        nb = B * T * H * (K + K + V + V) * 2 + B * T * H * (K * 4 + 2)
+        name = f"chunk_kda B{B} T{T} H{H} K=V=128" + ("" if cu is None else f" varlen {len(lens)} seqs")
+        print(f"# {name}: floor {nb / copy_gbs / 1e6:.3f} ms of bytes ({nb / 1e6:.0f} MB)", flush=True)
+        bench(name, impls, nb, None, copy_gbs)
+        del q, k, v, g, beta, ins, impls
+        torch.cuda.empty_cache()
+
+
 def render(doc: dict) -> str:
     """Markdown tables (one per case) from a bench_ops.json document."""
     env = doc["env"]
@@ -344,7 +372,7 @@ def render(doc: dict) -> str:
 
 
 GROUPS = {"loss": group_loss, "conv": group_conv, "moe": group_moe, "mhc": group_mhc, "gdn": group_gdn,
-          "gdn_fwd": lambda c: group_gdn(c, with_bwd=False)}
+          "gdn_fwd": lambda c: group_gdn(c, with_bwd=False), "kda": group_kda}
 
 
 def main() -> int:

@@ -4,7 +4,7 @@
 # Peer libraries travel as wheels in .whl/ (carry it); the image has torch, triton, pytest, rich.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} MINDSPEED_OPS_FAILLOG=${MINDSPEED_OPS_FAILLOG:-$OUT/failures.txt}
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD || exit 1

@@ -75,3 +75,12 @@ def _release_cuda_cache():
 
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def pytest_runtest_logreport(report):
+    """``MINDSPEED_OPS_FAILLOG=path``: append each failure's traceback as it happens, so a device run
+    cut short by its time limit still brings back why a test failed (pytest's summary comes at the end)."""
+    path = os.environ.get("MINDSPEED_OPS_FAILLOG")
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"===== {report.nodeid} ({report.when})\n{report.longreprtext[-4000:]}\n")

@@ -1,22 +1,27 @@
 """Host launchers for ``causal_conv1d`` (SPEC 1.9.1): argument checks, the varlen token table, tiling, grids.
 
 Kernel design (memory-bound; H200 target >= 85% of copy bandwidth forward, >= 70% forward+backward):
-- forward: one program per [BT tokens, BD channels] tile of the packed rows; the W taps are W shifted
-  loads of the same rows (the W-1 halo rows come from L1/L2), fp32 math, one rounding on store.
-  Tiles ignore sequence boundaries: every row looks up its sequence (a per-token int32 table built with
-  ``torch.searchsorted`` on device in varlen mode, ``g // T`` otherwise), so 2100 sequences of 1-3
-  tokens cost the same as one long one, and masks keep every tap inside its own sequence.
-- backward: each program owns BD channels and a run of TILES consecutive token tiles (a grid of about
-  16 programs per SM, so the last wave is a small fraction); it recomputes ``a`` where ``act'`` needs
-  it, forms ``dx`` by the transposed taps, and keeps fp32 ``dweight``/``dbias`` partials in registers,
-  written once per program and summed by torch (deterministic, no atomics). No host read of
-  ``cu_seqlens`` (the kernels read ``cu_seqlens[N]`` on device).
-- state taps (rows within W-1 of a sequence start) sit behind a per-tile scalar branch, so tiles
-  without a sequence start carry no state pointers (register pressure).
+- streaming kernels (forward, backward; see triton_kernels.py): a program owns BD channels and a chunk
+  of G*CS rows of one batch row (or of the packed row in varlen mode), walked as G streams of CS rows
+  in lockstep, one row per stream and step. Each stream keeps the extended inputs of its last W-1 rows
+  (and, backward, its last W-1 ``gy`` rows) in registers, so x, dy, y and dx each cross the memory bus
+  once (plus a W-1 row halo per stream) and the activation is evaluated once per element:
+  ``gy_t = dy_t ⊙ act'(a_t)`` once per row, ``dx_t = Σ_s weight[W-1-s] ⊙ gy_{t+s}`` from the window
+  (the backward walks down). Blocks of R rows away from sequence edges take a path without lookups;
+  state slots, final-state gradients, sequence edges and rows past the data take a generic path.
+  fp32 ``dweight``/``dbias`` partials stay in registers, are written once per program and summed by
+  torch (deterministic, no atomics). No host read of ``cu_seqlens`` in the backward (the kernels read
+  ``cu_seqlens[N]`` on device).
+- varlen: chunks ignore sequence boundaries (2100 sequences of 1-3 tokens cost the same as one long
+  one); rows find their sequence in a per-token int32 table built with ``torch.searchsorted`` on device.
 - state kernels: one program per (sequence, channel tile) for ``final_state`` and ``d initial_state``.
+- tiling: :data:`TUNE` (per direction) through :func:`_plan`; the stream length CS is a runtime
+  argument (no recompilation per shape). Results do not depend on the tiling except for the fp32
+  summation order of ``dweight``/``dbias`` (deterministic for a given tiling).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -89,9 +94,53 @@ def _layout(x: torch.Tensor, cu_seqlens: Optional[torch.Tensor], validate: bool)
     return True, N, cu, seq, N
 
 
-def _tiles(D: int, rows_per_program: int = 4096, max_bd: int = 128) -> tuple[int, int]:
-    bd = max(16, min(tu.next_power_of_2(D), max_bd))
-    return bd, max(1, min(64, rows_per_program // bd))
+#: streaming-kernel tiling per direction: ``vec`` channels per thread (capped at 16 bytes; halved for
+#: W > 4 to bound the register windows), ``warps`` per program, ``r`` rows unrolled per block (their
+#: loads are issued together), ``maxnreg`` registers per thread (None: the compiler's choice; 128 keeps
+#: four 4-warp programs per SM; ``maxnreg_edges`` applies when an initial state or a final-state
+#: gradient adds the slot loads, which need more), ``programs_per_sm``: the stream length CS is chosen
+#: so that the grid has about this many programs per SM (a power of two in [r, cs_max]).
+#: Values: the fastest of benchmarks/tune_conv.py on the H200 (B4 T4096 D8192 W4 bf16, 2026-11-30):
+#: forward 0.180 ms (70% of copy), backward 0.299 ms (64%).
+TUNE = {
+    "fwd": {"vec": 8, "warps": 4, "r": 4, "maxnreg": None, "maxnreg_edges": None, "programs_per_sm": 8,
+            "cs_max": 1024},
+    "bwd": {"vec": 4, "warps": 4, "r": 4, "maxnreg": 128, "maxnreg_edges": 168, "programs_per_sm": 4,
+            "cs_max": 1024},
+}
+
+
+def _plan(kind: str, B: int, T: int, D: int, W: int, elem_size: int, device: torch.device, edges: bool = False):
+    """Tiling of a streaming kernel: ``(BD, G, CS, R, n_ct, launch options)``: channels per program (at
+    most one warp wide), streams per program (a stream per warp row: more streams for narrow D), rows
+    per stream (a multiple of R), rows unrolled per block, chunks of G*CS rows per batch row,
+    ``num_warps``/``maxnreg``. ``edges``: an initial state or a final-state gradient is read."""
+    cfg = TUNE[kind]
+    vec = max(1, min(cfg["vec"], 16 // elem_size))
+    if W > 4:
+        vec = max(1, vec // 2)
+    warps = cfg["warps"]
+    bd = min(max(16, tu.next_power_of_2(D)), 32 * vec)
+    g = max(1, warps * 32 * vec // bd)
+    r = cfg["r"]
+    chunks = max(1, tu.cdiv(cfg["programs_per_sm"] * tu.num_sms(device), tu.cdiv(D, bd)))
+    cs = tu.cdiv(max(1, B * T), chunks * g)
+    cs = min(max(r, 1 << max(0, round(math.log2(cs)))), cfg["cs_max"], tu.cdiv(tu.cdiv(max(T, 1), g), r) * r)
+    cs = tu.cdiv(cs, r) * r
+    opts = {"num_warps": warps}
+    maxnreg = cfg.get("maxnreg_edges" if edges else "maxnreg")
+    if maxnreg:
+        opts["maxnreg"] = maxnreg
+    return bd, g, cs, r, tu.cdiv(T, g * cs), opts
+
+
+def _slot_rows(t: Optional[torch.Tensor]):
+    """(tensor, (stride_n, stride_d, stride_w)) of an [N, D, W] state or state gradient as the streaming
+    kernels read it: a [N, W, D] copy with unit channel stride (tiny), so a slot reads like a row of x."""
+    if t is None:
+        return None, (0, 0, 0)
+    r = t.transpose(1, 2).contiguous()
+    return r, (r.stride(0), r.stride(2), r.stride(1))
 
 
 def _dummy(x: torch.Tensor) -> torch.Tensor:
@@ -114,15 +163,15 @@ def forward(x, weight, bias=None, residual=None, initial_state=None, activation=
     dummy = _dummy(y)
     sstr = sk.stride() if sk is not None else (0, 0, 0)
     if rows and D:
-        bd, bt = _tiles(D, 2048 if sk is not None else 4096)  # state taps cost registers: smaller tiles
-        grid = (tu.cdiv(rows, bt), tu.cdiv(D, bd))
-        causal_conv1d_fwd_kernel[grid](
-            xk, wk, dummy if bk is None else bk, dummy if rk is None else rk, dummy if sk is None else sk, y,
-            dummy if cu is None else cu, dummy if seq is None else seq, T, total, rows, D,
+        bd, g, cs, r, n_ct, opts = _plan("fwd", B, T, D, W, xk.element_size(), x.device, sk is not None)
+        st, st_str = _slot_rows(sk)
+        causal_conv1d_fwd_kernel[(B * n_ct, tu.cdiv(D, bd))](
+            xk, wk, dummy if bk is None else bk, dummy if rk is None else rk, dummy if st is None else st, y,
+            dummy if cu is None else cu, dummy if seq is None else seq, T, total, D, n_ct,
             xk.stride(0), xk.stride(1), wk.stride(0), wk.stride(1),
-            rk.stride(0) if rk is not None else 0, rk.stride(1) if rk is not None else 0, *sstr,
+            rk.stride(0) if rk is not None else 0, rk.stride(1) if rk is not None else 0, *st_str, cs,
             W=W, SILU=silu, HAS_BIAS=bk is not None, HAS_RES=rk is not None, HAS_STATE=sk is not None,
-            VARLEN=varlen, BT=bt, BD=bd, num_warps=8)
+            VARLEN=varlen, G=g, R=r, BD=bd, **opts)
     y = tu.finish(y, x.dtype)
     if not output_final_state:
         return y, None
@@ -157,23 +206,23 @@ def backward(dy, dfinal, x, weight, bias=None, initial_state=None, activation=No
                   VARLEN=varlen)
     bias_arg, state_arg = dummy if bk is None else bk, dummy if sk is None else sk
     df_arg, cu_arg = dummy if dfk is None else dfk, dummy if cu is None else cu
-    dw = torch.zeros(W, D, dtype=torch.float32, device=x.device)
-    db = torch.zeros(D, dtype=torch.float32, device=x.device)
     if rows and D:
-        bd, bt = _tiles(D, rows_per_program=1024)
-        n_tiles, n_d = tu.cdiv(rows, bt), tu.cdiv(D, bd)
-        chunks = max(1, min(n_tiles, tu.cdiv(16 * tu.num_sms(x.device), n_d)))  # ~8 waves: small tail
-        tiles = tu.cdiv(n_tiles, chunks)
-        chunks = tu.cdiv(n_tiles, tiles)
-        dw_part = torch.empty(chunks, W, D, dtype=torch.float32, device=x.device)
-        db_part = torch.empty(chunks, D, dtype=torch.float32, device=x.device)
-        causal_conv1d_bwd_kernel[(n_d, chunks)](
-            xk, wk, bias_arg, state_arg, dyk, df_arg, dx, dw_part, db_part, cu_arg, dummy if seq is None else seq,
-            T, total, rows, D, tiles, xk.stride(0), xk.stride(1), wk.stride(0), wk.stride(1), *sstr,
-            *dyk.stride(), *fstr, HAS_STATE=sk is not None, BT=bt, BD=bd, num_warps=8, **common)
-        dw, db = dw_part.sum(0), db_part.sum(0)
-    elif rows:
-        dx.zero_()
+        bd, g, cs, r, n_ct, opts = _plan("bwd", B, T, D, W, xk.element_size(), x.device,
+                                          sk is not None or dfk is not None)
+        part = torch.empty(B * n_ct, W + 1, D, dtype=torch.float32, device=x.device)  # dweight rows, dbias
+        st, st_str = _slot_rows(sk)
+        ft, ft_str = _slot_rows(dfk)
+        causal_conv1d_bwd_kernel[(B * n_ct, tu.cdiv(D, bd))](
+            xk, wk, bias_arg, dummy if st is None else st, dyk, dummy if ft is None else ft, dx, part,
+            cu_arg, dummy if seq is None else seq, T, total, D, n_ct, xk.stride(0), xk.stride(1), wk.stride(0),
+            wk.stride(1), *st_str, *dyk.stride(), *ft_str, cs, HAS_STATE=sk is not None, G=g, R=r, BD=bd,
+            **opts, **{k: v for k, v in common.items() if k != "WP"})
+        dw, db = part[:, :W].sum(0), part[:, W].sum(0)  # separate tensors: op outputs must not alias
+    else:
+        dw = torch.zeros(W, D, dtype=torch.float32, device=x.device)
+        db = torch.zeros(D, dtype=torch.float32, device=x.device)
+        if rows:
+            dx.zero_()
     dinit = None
     if initial_state is not None:
         dinit = torch.empty(N, D, W, dtype=tu.kernel_dtype(initial_state.dtype), device=x.device)

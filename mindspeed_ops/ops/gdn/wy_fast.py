@@ -25,14 +25,22 @@ def fwd_config(BT: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, i
     """``(BK, BV, num_warps, num_stages)`` of the forward kernel."""
     if dtype == torch.float32:  # IEEE fp32 products run on the FMA units: smaller tiles, no pipelining (no spills)
         return min(32, key_tile(K)), min(32, value_tile(V)), 4, 1
-    return key_tile(K), value_tile(V), 4, 2
+    return _tensor_core_tiles(K, V) + (4, 2)
 
 
 def bwd_config(BT: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
     """``(BK, BV, num_warps, num_stages)`` of the backward kernel."""
     if dtype == torch.float32:
         return min(32, key_tile(K)), min(32, value_tile(V)), 8, 1
-    return key_tile(K), value_tile(V), 4 if BT < 64 else 8, 3
+    return _tensor_core_tiles(K, V) + (4 if BT < 64 else 8, 3)
+
+
+def _tensor_core_tiles(K: int, V: int) -> tuple[int, int]:
+    """``(BK, BV)`` for fp16/bf16: one width for both loops. The kernels feed the same register tile
+    (``A``) to the key-loop and value-loop dots; on Hopper (wgmma, BT = 64) two different N widths
+    for that shared operand gave wrong ``w``/``dk`` (H200, triton 3.6: rel-RMS ~1 with BK=32, BV=64)."""
+    t = max(key_tile(K), value_tile(V))
+    return t, t
 
 
 def _check_common(op: str, k, v, beta, A, g, gk=None, **extra) -> tuple[int, int]:

@@ -1,5 +1,7 @@
 """causal_conv1d / causal_conv1d_fn (SPEC 1.9): kernels vs the float64 reference (forward and every
 gradient), states, varlen, tail tokens, layouts, errors, determinism, registration."""
+import importlib
+
 import pytest
 import torch
 
@@ -236,6 +238,72 @@ def test_tail_tokens(poisoned):
     assert (y[:, 985:] == 0).all() and torch.isfinite(y).all() and torch.isfinite(fs).all()
     assert (dx[:, 985:] == 0).all() and (dr[:, 985:] == 0).all()
     assert all(torch.isfinite(t).all() for t in (dx, dw, db, dr, ds))
+
+
+# ---------------------------------------------------------------------------------------------
+# streaming tiling: many short streams and several chunks per sequence, so that fast and generic
+# blocks, stream halos, window rebuilds at sequence edges, streams past T and partial blocks all
+# occur at CPU sizes (the GPU tiles are long)
+
+SMALL_TILES = {
+    "fwd": {"vec": 8, "warps": 1, "r": 2, "maxnreg": None, "maxnreg_edges": None, "programs_per_sm": 1, "cs_max": 4},
+    "bwd": {"vec": 8, "warps": 1, "r": 2, "maxnreg": None, "maxnreg_edges": None, "programs_per_sm": 1, "cs_max": 6},
+}
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    launch = importlib.import_module("mindspeed_ops.ops.conv.causal_conv1d")  # the module, not the function
+    monkeypatch.setattr(launch, "TUNE", SMALL_TILES)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("state", [False, True])
+def test_small_tiles_fixed(state, dtype, small_tiles, poisoned):
+    # T = 52: a stream's rows past T are a whole block above a fast block ending at T-1
+    _check(*_make(2, 53 if state else 52, 24, 4, dtype, residual=True, state=state, seed=31), activation="silu",
+           final=state)
+
+
+@pytest.mark.parametrize("W", [1, 2, 3, 8])
+def test_small_tiles_widths(W, small_tiles):
+    _check(*_make(1, 45, 24, W, torch.float32, residual=True, state=True, seed=40 + W), activation="silu",
+           final=True)
+    _check(*_make(2, 29, 24, W, torch.float32, bias=False, seed=50 + W), activation=None)
+
+
+@pytest.mark.parametrize("final", [False, True])
+@pytest.mark.parametrize("W", [2, 4])
+def test_small_tiles_varlen(W, final, small_tiles, poisoned):
+    """Sequences shorter and longer than a stream, empty ones, and tail tokens past cu_seqlens[-1]."""
+    lens = [13, 1, 40, 0, 3, 29]
+    T = sum(lens) + 7
+    cu = _cu(lens + [0])[:-1]
+    x, w, b, r, s = _make(1, T, 24, W, torch.float32, residual=True, state=final, N=len(lens), seed=60 + W)
+    y, fs, (dx, *_) = _check(x, w, b, r, s, "silu", cu=cu, final=final)
+    assert (y[:, sum(lens):] == 0).all() and (dx[:, sum(lens):] == 0).all()
+
+
+@pytest.mark.parametrize("final", [False, True])
+def test_small_tiles_varlen_one_stream(final, small_tiles):
+    """D = 128 (fp32): one stream per program, so every block's path follows that stream's own
+    sequence edges (a sequence ending exactly at a block edge, a block after a short sequence...)."""
+    lens = [13, 1, 40, 0, 3, 29, 6, 2, 18]
+    cu = _cu(lens)
+    _check(*_make(1, sum(lens), 128, 4, torch.float32, state=final, N=len(lens), seed=70), activation="silu", cu=cu,
+           final=final)
+
+
+def test_small_tiles_strided_dy(small_tiles):
+    x, w, b, r, s = (_leaf(t) for t in _make(2, 37, 24, 4, torch.float32, residual=True, state=True))
+    y, _ = causal_conv1d(x, w, b, r, s, "silu")
+    y.sum().backward()
+    xr, wr, br, rr, sr = (t.detach().double().requires_grad_(True) for t in (x, w, b, r, s))
+    ref.causal_conv1d(xr, wr, br, rr, sr, "silu")[0].sum().backward()
+    for name, t, tr in (("dx", x, xr), ("dweight", w, wr), ("dbias", b, br), ("dinitial_state", s, sr)):
+        assert_close(name, tr.grad, t.grad, "E-bwd")
+    dy = randn((2, 24, 37), torch.float32, DEVICE, seed=3).transpose(1, 2)
+    _check(*_make(2, 37, 24, 4, torch.float32, state=True, seed=7), activation="silu", final=True, dy=dy)
 
 
 # ---------------------------------------------------------------------------------------------

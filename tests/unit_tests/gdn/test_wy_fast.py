@@ -135,12 +135,20 @@ def test_g_none_equals_zeros(poisoned):
     z = torch.zeros_like(G)
     w0, u0 = check_fwd(k, v, beta, A)
     w1, u1 = check_fwd(k, v, beta, A, g=z)
-    assert torch.equal(w0, w1) and torch.equal(u0, u1)
     out0 = check_bwd(k, v, None, beta, A, dw, du)
     out1 = check_bwd(k, v, z, beta, A, dw, du)
     assert out0[3] is None and out1[3] is not None
-    for a, b in zip(out0[:3], out1[:3]):
+    for a, b in zip((w0, u0) + out0[:3], (w1, u1) + out1[:3]):
+        _same(a, b)
+
+
+def _same(a, b):
+    """Equal: bitwise under the interpreter; on the GPU the gated and ungated kernels are different
+    compilations (their fp32 FMA contraction differs), so within a few fp32 ulps."""
+    if DEVICE == "cpu":
         assert torch.equal(a, b)
+    else:
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
 def test_gva(poisoned):
@@ -330,3 +338,15 @@ def test_kernels_compile_for_gpu():
         assert r.shared is not None and r.shared <= cc.SHARED_LIMIT[r.arch]
         if r.arch == 90 and "fp32" not in r.launch.signature["k_ptr"]:   # 16-bit on sm_90: no register spills
             assert not r.spill_stores, f"{r.launch.label()} sm_{r.arch} spills {r.spill_stores} bytes"
+
+
+@pytest.mark.parametrize("K,V", [(32, 48), (128, 128), (60, 100), (16, 256), (256, 8)])
+@pytest.mark.parametrize("BT", [16, 32, 64])
+def test_tensor_core_tiles_equal(K, V, BT):
+    """Regression (H200, triton 3.6): with BT = 64 in fp16/bf16, key and value tiles of different widths
+    (BK = 32, BV = 64 at K = 32, V = 48) made both kernels wrong (w rel-RMS 1.0, dk 1e35); the launch
+    configs now use one width for both loops (see wy_fast._tensor_core_tiles)."""
+    from mindspeed_ops.ops.gdn import wy_fast
+    for dtype in (torch.float16, torch.bfloat16):
+        for cfg in (wy_fast.fwd_config(BT, K, V, dtype), wy_fast.bwd_config(BT, K, V, dtype)):
+            assert cfg[0] == cfg[1], cfg
