@@ -212,14 +212,26 @@ def _check_fn_args(x, weight, bias, seq_idx, initial_states, return_final_states
                       final_states_out=final_states_out)
 
 
-def _segments(seq_idx: torch.Tensor) -> torch.Tensor:
-    """cu_seqlens of the packed [B*T] row: a segment starts at every row start and wherever seq_idx changes."""
+def _segments(seq_idx: torch.Tensor, W: int) -> Optional[torch.Tensor]:
+    """cu_seqlens of the packed [B*T] row: a segment starts at every row start and wherever seq_idx changes.
+
+    None when runs of equal consecutive ids do not give the SPEC's taps (``seq_idx[b, τ] == seq_idx[b, t]``):
+    an id of a non-padding output reappears within the W-1 tap reach after another id (e.g.
+    ``[0, 0, 1, 0]`` or ``[0, -1, 0]`` with W >= 3); the caller then takes the reference path."""
     B, T = seq_idx.shape
     flat = seq_idx.reshape(-1)
     start = torch.ones_like(flat, dtype=torch.bool)
     start[1:] = flat[1:] != flat[:-1]
-    start[::T] = True
-    idx = torch.nonzero(start).flatten()
+    if T:  # (T = 0: no rows, no segments)
+        start[::T] = True
+    run = start.cumsum(0).reshape(B, T)
+    bad = torch.zeros((), dtype=torch.bool, device=seq_idx.device)
+    for k in range(2, min(W, T)):  # (a reach of 1 tap: equal ids are one run)
+        t_id = seq_idx[:, k:]
+        bad = bad | ((t_id >= 0) & (t_id == seq_idx[:, :-k]) & (run[:, k:] != run[:, :-k])).any()
+    idx = torch.nonzero(start).flatten()  # (the host synchronisation; the check above joins it)
+    if bool(bad):
+        return None
     return torch.cat([idx, idx.new_tensor([B * T])])
 
 
@@ -238,9 +250,10 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
         x: ``[B, D, T]`` fp32/fp16/bf16, any strides; channel-last memory (``xt.transpose(1, 2)`` of a
             contiguous ``[B, T, D]``) is read in place, other layouts are copied once.
         weight: ``[D, W]``, ``1 <= W <= 8``. bias: ``[D]`` or None.
-        seq_idx: ``[B, T]`` int32 (int64 accepted): taps only within runs of equal consecutive ids;
-            positions with ``seq_idx < 0`` output 0. A run is a maximal stretch of equal consecutive
-            values (an id that reappears after another id starts a new segment).
+        seq_idx: ``[B, T]`` int32 (int64 accepted): a tap from time ``τ`` counts only when
+            ``seq_idx[b, τ] == seq_idx[b, t]``; positions with ``seq_idx < 0`` output 0. Runs of equal
+            consecutive ids go to the kernels as packed segments; an id that reappears within a tap's
+            reach after another id (not the usual monotone ``seq_idx``) takes the slow reference path.
         initial_states: ``[B, D, W-1]`` or None. return_final_states: also return ``final_states``
             ``[B, D, W-1]`` (the inputs at times ``T-W+1 .. T-1``, from ``initial_states`` when ``T < W-1``).
         final_states_out: ``[B, D, W-1]`` in ``x.dtype``, written in place and returned (implies
@@ -268,8 +281,10 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
         init = None if initial_states is None else torch.nn.functional.pad(initial_states, (1, 0))
         y, fs = causal_conv1d(xt, w, bias, None, init, activation, None, want_fs)
     else:
-        y, _ = causal_conv1d(xt.reshape(1, B * T, D), w, bias, None, None, activation,
-                             _segments(seq_idx.to(x.device)), False)
+        cu = _segments(seq_idx.to(x.device), weight.shape[1])
+        if cu is None:  # ids reappear within a tap's reach: runs are not the SPEC's taps
+            return _ref.causal_conv1d_fn(x, weight, bias, seq_idx, None, False, None, activation)
+        y, _ = causal_conv1d(xt.reshape(1, B * T, D), w, bias, None, None, activation, cu, False)
         y = torch.where((seq_idx >= 0)[..., None], y.reshape(B, T, D), torch.zeros((), dtype=y.dtype, device=y.device))
     out = y.transpose(1, 2)
     if not want_fs:
