@@ -67,6 +67,17 @@ def kernel_input(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return t.float()
 
 
+def host_to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """Copy a small host tensor (offsets, index tables) to ``device`` without draining the stream: a copy
+    from pageable memory waits for all queued GPU work; from pinned memory it is queued like a kernel."""
+    device = torch.device(device)
+    if t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def finish(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Round a kernel output to ``dtype`` if the shim widened it (no-op otherwise)."""
     return t if t.dtype == dtype else t.to(dtype)

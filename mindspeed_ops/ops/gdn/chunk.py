@@ -12,12 +12,10 @@ from typing import Optional
 import torch
 
 from ... import backends
-from ...varlen import build_chunk_indices
 from . import bwd_dhu, bwd_dqkwg, bwd_dv, cumsum, fwd_h, fwd_o, kkt, solve_tril, wy_fast
+from .common import device_tables
 
 OP = "chunk_gated_delta_rule"
-
-
 L2_EPS = 1e-6  # SPEC 1.10.10: the in-kernel qk l2norm's eps
 
 
@@ -27,14 +25,6 @@ def _l2norm(x: torch.Tensor):
     return backends.implementation("l2norm", x.device)
 
 
-def _tables(cu_host: Optional[list], BT: int, device: torch.device):
-    """(device cu_seqlens, chunk_indices) built once per call from the host copy (or (None, None))."""
-    if cu_host is None:
-        return None, None
-    cu_cpu = torch.tensor(cu_host, dtype=torch.int64)
-    return cu_cpu.to(device), build_chunk_indices(cu_cpu, BT).to(device)
-
-
 def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool, use_qk_l2norm_in_kernel: bool,
             cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int):
     """Returns ``(o, final_state or None, G or None, Ainv)``; arguments already validated.
@@ -42,7 +32,7 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
     Calls the stages' launchers directly with the validated host offsets: no stage re-validates
     ``cu_seqlens`` (each check would be a device->host copy, i.e. a synchronisation)."""
     BT = chunk_size
-    cu, idx = _tables(cu_host, BT, q.device)
+    cu, idx = device_tables(cu_host, BT, q.device)
     if use_qk_l2norm_in_kernel:
         q, _ = _l2norm(q).forward(q, L2_EPS, None)
         k, _ = _l2norm(k).forward(k, L2_EPS, None)
@@ -61,7 +51,7 @@ def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, us
     """Backward pipeline of SPEC 1.10.0 from the saved inputs, ``G`` and ``Ainv`` (``w, u, h, v_new``
     recomputed). Returns ``(dq, dk, dv, dg or None, dbeta, dh0 or None)``: dq/dk/dg/dbeta/dh0 in fp32."""
     BT = chunk_size
-    cu, idx = _tables(cu_host, BT, q.device)
+    cu, idx = device_tables(cu_host, BT, q.device)
     G = G if g is not None else None
     if use_qk_l2norm_in_kernel:
         qn, q_rstd = _l2norm(q).forward(q, L2_EPS, None)

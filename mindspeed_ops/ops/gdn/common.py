@@ -35,6 +35,15 @@ def chunk_table(op: str, cu_host: Optional[list], cu_seqlens: Optional[torch.Ten
     return nt, cu_seqlens, chunk_indices
 
 
+def device_tables(cu_host: Optional[list], BT: int, device: torch.device):
+    """``(cu_seqlens, chunk_indices)`` on ``device``, built once per call from the validated host offsets
+    (``(None, None)`` without varlen); both copies queued without draining the stream."""
+    if cu_host is None:
+        return None, None
+    cu_cpu = torch.tensor(cu_host, dtype=torch.int64)
+    return tu.host_to_device(cu_cpu, device), tu.host_to_device(build_chunk_indices(cu_cpu, BT), device)
+
+
 def sequence_chunks(cu_host: Optional[list], T: int, BT: int, device: torch.device
                     ) -> tuple[int, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """For the per-sequence state scans: ``(NT, cu_seqlens, chunk offsets)``. Fixed length: ``NT =

@@ -119,7 +119,7 @@ def forward(k: torch.Tensor, g: Optional[torch.Tensor], gk: Optional[torch.Tenso
     NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices)
     if NT and B and HV and K:
         if idx is not None:
-            cu, idx = cu.to(k.device), idx.to(k.device)
+            cu, idx = tu.host_to_device(cu, k.device), tu.host_to_device(idx, k.device)
         dummy = kx
         sb = bx.stride() if bx is not None else (0, 0, 0)
         BK, nw, ns = kkt_config(BT, K, kx.dtype, gk is not None)

@@ -159,7 +159,7 @@ def forward(k, v, beta, A, g, gk, cu_host, cu_seqlens, chunk_indices=None):
     NT, cu, idx = chunk_table(FWD, cu_host, cu_seqlens, B, T, BT, chunk_indices)
     if NT and B and HV and (K or V):
         if idx is not None:
-            cu, idx = cu.to(k.device), idx.to(k.device)
+            cu, idx = tu.host_to_device(cu, k.device), tu.host_to_device(idx, k.device)
         BK, BV, nw, ns = fwd_config(BT, K, V, kx.dtype)
         sg = (0, 0, 0, 0) if gx is None else (tuple(gx.stride()) + ((0,) if gx.dim() == 3 else ()))
         wy_fwd_kernel[(NT * B * HV,)](
@@ -232,7 +232,7 @@ def backward(k, v, g, beta, A, dw, du, cu_host, cu_seqlens, chunk_indices=None):
     NT, cu, idx = chunk_table(BWD, cu_host, cu_seqlens, B, T, BT, chunk_indices)
     if NT and B and HV:
         if idx is not None:
-            cu, idx = cu.to(k.device), idx.to(k.device)
+            cu, idx = tu.host_to_device(cu, k.device), tu.host_to_device(idx, k.device)
         BK, BV, nw, ns = bwd_config(BT, K, V, kx.dtype)
         wy_bwd_kernel[(NT * B * HV,)](
             kx, vx, gx if gx is not None else kx, bx, ax, dwx, dux, dk_v, dv, dbeta, dg if dg is not None else dbeta,

@@ -36,7 +36,7 @@ def _zero_tail(cu_host: Optional[list], T: int, *tensors: Optional[torch.Tensor]
 def _table(op, cu_host, cu_seqlens, B, T, BT, chunk_indices, device):
     NT, cu, idx = chunk_table(op, cu_host, cu_seqlens, B, T, BT, chunk_indices)
     if idx is not None:
-        cu, idx = cu.to(device), idx.to(device)
+        cu, idx = tu.host_to_device(cu, device), tu.host_to_device(idx, device)
     return NT, cu, idx
 
 

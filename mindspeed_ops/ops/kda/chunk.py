@@ -20,8 +20,8 @@ from typing import Optional
 import torch
 
 from ... import backends
-from ...varlen import build_chunk_indices
 from ..gdn.bwd_dhu import forward as _dhu_forward
+from ..gdn.common import device_tables
 from ..gdn.cumsum import forward as _cumsum_forward
 from ..gdn.fwd_h import forward as _fwd_h_forward
 from ..gdn.wy_fast import forward as _wy_forward
@@ -33,13 +33,6 @@ OP = "chunk_kda"
 L2_EPS = 1e-6
 
 
-def _tables(cu_host: Optional[list], BT: int, device: torch.device):
-    if cu_host is None:
-        return None, None
-    cu_cpu = torch.tensor(cu_host, dtype=torch.int64)
-    return cu_cpu.to(device), build_chunk_indices(cu_cpu, BT).to(device)
-
-
 def _l2norm(x: torch.Tensor):
     return backends.implementation("l2norm", x.device).forward(x, L2_EPS, None)
 
@@ -48,7 +41,7 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
             cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int):
     """Returns ``(o, final_state or None, G, Akk, Aqk)``; arguments already validated."""
     BT = chunk_size
-    cu, idx = _tables(cu_host, BT, q.device)
+    cu, idx = device_tables(cu_host, BT, q.device)
     if use_qk_l2norm_in_kernel:
         q, _ = _l2norm(q)
         k, _ = _l2norm(k)
@@ -65,7 +58,7 @@ def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, u
     """Returns ``(dq, dk [B,T,H,K] fp32, dv, dg [B,T,HV,K] fp32, dbeta fp32, dh0 fp32 or None)``."""
     BT = chunk_size
     H = q.shape[2]
-    cu, idx = _tables(cu_host, BT, q.device)
+    cu, idx = device_tables(cu_host, BT, q.device)
     if use_qk_l2norm_in_kernel:
         qn, rq = _l2norm(q)
         kn, rk = _l2norm(k)

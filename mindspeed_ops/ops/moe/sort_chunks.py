@@ -100,10 +100,10 @@ def _tables(split_sizes: torch.Tensor, sorted_idxs: torch.Tensor, M: int, device
     sizes, order = idx(split_sizes), idx(sorted_idxs)
     if sizes.device != device or order.device != device:
         if sizes.device.type == "cpu" and order.device.type == "cpu":  # one host->device copy
-            packed = torch.stack([sizes.long(), order.long()]).to(device, non_blocking=True)
+            packed = tu.host_to_device(torch.stack([sizes.long(), order.long()]), device)
             sizes, order = packed[0], packed[1]
         else:
-            sizes, order = sizes.to(device, non_blocking=True), order.to(device, non_blocking=True)
+            sizes, order = tu.host_to_device(sizes, device), tu.host_to_device(order, device)
     NS = sizes.shape[0]
     S = (NS + 2) & ~1  # every table starts 16-byte aligned: both gathers are one kernel specialization
     buf = torch.empty(5 * S, dtype=torch.int64, device=device)

@@ -207,3 +207,18 @@ def test_num_sms():
     assert tu.num_sms(torch.device("cpu")) == 4
     if ON_GPU:
         assert tu.num_sms(torch.device("cuda")) == torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def test_host_to_device_same_device_is_identity():
+    t = torch.arange(5)
+    assert tu.host_to_device(t, "cpu") is t
+
+
+@pytest.mark.gpu
+def test_host_to_device_cuda_values_after_queued_work():
+    """The pinned, non-blocking copy lands in stream order: a consumer queued after it sees the values."""
+    t = torch.arange(1000, dtype=torch.int64)
+    busy = torch.randn(4096, 4096, device="cuda")
+    busy = busy @ busy  # queue work ahead of the copy
+    d = tu.host_to_device(t, "cuda")
+    assert d.device.type == "cuda" and torch.equal(d.cpu(), t)
