@@ -58,8 +58,11 @@ class Comparison:
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    """Raw bytes of a tensor (so NaNs with equal bits compare equal)."""
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    """Raw bytes of a tensor (so NaNs with equal bits compare equal). Copied into a fresh buffer:
+    ``contiguous()`` keeps a view whose size-1 dims have odd strides, which ``view(uint8)`` rejects."""
+    flat = torch.empty(t.numel(), dtype=t.dtype)
+    flat.copy_(t.detach().reshape(-1))
+    return flat.view(torch.uint8)
 
 
 def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:

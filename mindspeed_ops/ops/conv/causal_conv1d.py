@@ -89,7 +89,7 @@ def _layout(x: torch.Tensor, cu_seqlens: Optional[torch.Tensor], validate: bool)
     if validate:
         check_cu_seqlens(OP, cu_seqlens, batch=B, total=T)
     N = cu_seqlens.shape[0] - 1
-    cu = cu_seqlens.to(x.device)
+    cu = cu_seqlens.to(x.device).contiguous()  # the kernels index it as a flat array
     seq = (torch.searchsorted(cu.to(torch.int64), torch.arange(T, device=x.device), right=True) - 1).to(torch.int32)
     return True, N, cu, seq, N
 

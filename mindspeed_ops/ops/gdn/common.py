@@ -32,7 +32,7 @@ def chunk_table(op: str, cu_host: Optional[list], cu_seqlens: Optional[torch.Ten
         if tuple(chunk_indices.shape) != (nt, 2):
             raise ValueError(f"{op}: chunk_indices must have shape [NT, 2] = [{nt}, 2] for chunk_size {BT}, "
                              f"got {shape_str(chunk_indices.shape)}")
-    return nt, cu_seqlens, chunk_indices
+    return nt, cu_seqlens.contiguous(), chunk_indices.contiguous()  # the kernels index both as flat arrays
 
 
 def device_tables(cu_host: Optional[list], BT: int, device: torch.device):

@@ -286,3 +286,15 @@ def test_to_ref():
     assert xr.dtype == f64 and xr.requires_grad and xr.is_leaf and torch.equal(xr, x.to(f64))
     assert ir.dtype == torch.int32 and not ir.requires_grad and ir.data_ptr() != i.data_ptr()
     assert nr is None
+
+
+def test_snapshot_of_views_with_odd_strides():
+    """Views whose size-1 last dim has a stride != 1 (e.g. D = 1 sliced from a wider tensor) and
+    0-dim/1-element views: snapshot/assert_unchanged handle them (found by the conv review)."""
+    base = torch.randn(4, 6, 3)
+    views = [base[..., :1], base[:, ::2, 1:2], base[0, 0, 2], base.transpose(0, 2)[:1], base[0, :1, ::2][:, :1]]
+    before = T.snapshot(*views)
+    T.assert_unchanged(before, *views)
+    base[0, 0, 0] += 1.0
+    with pytest.raises(AssertionError):
+        T.assert_unchanged(before, *views)
