@@ -93,6 +93,40 @@ def _xt(xb, q, sxt, s_ptr, n, pos, ok, cols, cm, ssn, ssw, W: tl.constexpr, HAS_
 
 
 @triton.jit
+def _preact_taps(taps, ws, bias, W: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Pre-activation of a row block, fp32: ``bias + Σ_j w_j · taps_j`` (taps oldest first)."""
+    if HAS_BIAS:
+        a = bias + ws[0] * taps[0]
+    else:
+        a = ws[0] * taps[0]
+    for j in tl.static_range(1, W):
+        a += ws[j] * taps[j]
+    return a
+
+
+@triton.jit
+def _act_grad(a, dy, SILU: tl.constexpr):
+    """Gradient at the pre-activation: ``dy · silu'(a)`` (or ``dy`` without activation)."""
+    if SILU:
+        sg = sigmoid_f32(a)
+        dy = dy * (sg * (1.0 + a * (1.0 - sg)))
+    return dy
+
+
+@triton.jit
+def _bwd_step(gy, gwin, taps, ws, dw, db, W: tl.constexpr):
+    """One row of the backward walk: ``dx`` from this row's ``gy`` and the later rows' (``gwin``,
+    newest first), and the row's contribution added to the ``dweight``/``dbias`` partials."""
+    dx = ws[W - 1] * gy
+    for s in tl.static_range(1, W):
+        dx += ws[W - 1 - s] * gwin[s - 1]
+    dwn = ()
+    for j in tl.static_range(W):
+        dwn = dwn + (dw[j] + gy * taps[j],)
+    return dx, dwn, db + gy
+
+
+@triton.jit
 def _fwd_block_fast(win, r0, T, xb, yb, rb, cols, cm, ws, bias, sxt, srt, D,
                     W: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                     R: tl.constexpr):
@@ -110,12 +144,7 @@ def _fwd_block_fast(win, r0, T, xb, yb, rb, cols, cm, ws, bias, sxt, srt, D,
     for r in tl.static_range(R):
         t = r0 + r
         taps = win + (xs[r].to(tl.float32),)
-        if HAS_BIAS:
-            a = bias + ws[0] * taps[0]
-        else:
-            a = ws[0] * taps[0]
-        for j in tl.static_range(1, W):
-            a += ws[j] * taps[j]
+        a = _preact_taps(taps, ws, bias, W, HAS_BIAS)
         y = a
         if SILU:
             y = a * sigmoid_f32(a)
@@ -149,12 +178,7 @@ def _fwd_block_generic(win, r0, b, T, end, xb, yb, rb, s_ptr, cu_ptr, seq_ptr, c
             new = new + (tl.where(start[:, None], sv, win[k]),)
         xv = tl.load(xb + (t * sxt)[:, None] + cols, mask=ok[:, None] & cm, other=0.0).to(tl.float32)
         taps = new + (xv,)
-        if HAS_BIAS:
-            a = bias + ws[0] * taps[0]
-        else:
-            a = ws[0] * taps[0]
-        for j in tl.static_range(1, W):
-            a += ws[j] * taps[j]
+        a = _preact_taps(taps, ws, bias, W, HAS_BIAS)
         y = a
         if SILU:
             y = a * sigmoid_f32(a)
@@ -226,10 +250,7 @@ def _gy_rows(t, n, p, ok, xb, dyb, s_ptr, cols, cm, ws, bias, sxt, sdt, sdd, ssn
         else:
             a += ws[j] * v
     dy = tl.load(dyb + (t * sdt)[:, None] + cols.to(tl.int64) * sdd, mask=ok[:, None] & cm, other=0.0).to(tl.float32)
-    if SILU:
-        sg = sigmoid_f32(a)
-        dy = dy * (sg * (1.0 + a * (1.0 - sg)))
-    return tl.where(ok[:, None], dy, 0.0)
+    return tl.where(ok[:, None], _act_grad(a, dy, SILU), 0.0)
 
 
 @triton.jit
@@ -249,25 +270,9 @@ def _bwd_block_fast(win, gwin, dw, db, hi, T, end, xb, dyb, dxb, cols, cm, ws, b
     for r in tl.static_range(R):
         t = hi - r
         taps = (xs[r].to(tl.float32),) + win
-        if HAS_BIAS:
-            a = bias + ws[0] * taps[0]
-        else:
-            a = ws[0] * taps[0]
-        for j in tl.static_range(1, W):
-            a += ws[j] * taps[j]
-        gy = dys[r].to(tl.float32)
-        if SILU:
-            sg = sigmoid_f32(a)
-            gy = gy * (sg * (1.0 + a * (1.0 - sg)))
-        dx = ws[W - 1] * gy
-        for s in tl.static_range(1, W):
-            dx += ws[W - 1 - s] * gwin[s - 1]
+        gy = _act_grad(_preact_taps(taps, ws, bias, W, HAS_BIAS), dys[r].to(tl.float32), SILU)
+        dx, dw, db = _bwd_step(gy, gwin, taps, ws, dw, db, W)
         tl.store(dxb + (t * D)[:, None] + cols, dx.to(dxb.dtype.element_ty), mask=(t < T)[:, None] & cm)
-        dwn = ()
-        for j in tl.static_range(W):
-            dwn = dwn + (dw[j] + gy * taps[j],)
-        dw = dwn
-        db += gy
         win = taps[:W - 1]
         gwin = ((gy,) + gwin)[:W - 1]
     return win, gwin, dw, db
@@ -293,30 +298,14 @@ def _bwd_block_generic(win, gwin, dw, db, hi, b, T, end, xb, dyb, dxb, s_ptr, df
             new = new + (tl.where(last[:, None], v, win[k]),)
             gnew = gnew + (tl.where(last[:, None], 0.0, gwin[k]),)
         taps = (_xt(xb, t - (W - 1), sxt, s_ptr, n, p - (W - 1), ok, cols, cm, ssn, ssw, W, HAS_STATE),) + new
-        if HAS_BIAS:
-            a = bias + ws[0] * taps[0]
-        else:
-            a = ws[0] * taps[0]
-        for j in tl.static_range(1, W):
-            a += ws[j] * taps[j]
         gy = tl.load(dyb + (t * sdt)[:, None] + cols.to(tl.int64) * sdd, mask=ok[:, None] & cm, other=0.0).to(tl.float32)
-        if SILU:
-            sg = sigmoid_f32(a)
-            gy = gy * (sg * (1.0 + a * (1.0 - sg)))
-        gy = tl.where(ok[:, None], gy, 0.0)
-        dx = ws[W - 1] * gy
-        for s in tl.static_range(1, W):
-            dx += ws[W - 1 - s] * gnew[s - 1]
+        gy = tl.where(ok[:, None], _act_grad(_preact_taps(taps, ws, bias, W, HAS_BIAS), gy, SILU), 0.0)
+        dx, dw, db = _bwd_step(gy, gnew, taps, ws, dw, db, W)
         if HAS_DF:
             mf = p - L + W  # final-state slot that copied x_t
             dx += tl.load((df_ptr + n * sfn + mf * sfw)[:, None] + cols, mask=(ok & (mf >= 0))[:, None] & cm,
                           other=0.0).to(tl.float32)
         tl.store(dxb + (t * D)[:, None] + cols, dx.to(dxb.dtype.element_ty), mask=inch[:, None] & cm)
-        dwn = ()
-        for j in tl.static_range(W):
-            dwn = dwn + (dw[j] + gy * taps[j],)
-        dw = dwn
-        db += gy
         win = taps[:W - 1]
         gwin = ((gy,) + gnew)[:W - 1]
     return win, gwin, dw, db
@@ -496,8 +485,7 @@ def _dxt(x_ptr, s_ptr, w_ptr, b_ptr, dy_ptr, df_ptr, n, bb, st, p, L, rmask, col
         if SILU:
             a = _preact(x_ptr, s_ptr, w_ptr, b_ptr, n, bb, st, q, L, ok, cols, cmask, sxb, sxt, ssn, ssd, ssw,
                         swj, swd, W, HAS_STATE, HAS_BIAS, BR, BD)
-            sg = sigmoid_f32(a)
-            gy = gy * (sg * (1.0 + a * (1.0 - sg)))
+            gy = _act_grad(a, gy, True)
         wj = tl.load(w_ptr + (W - 1 - s) * swj + cols * swd, mask=cmask, other=0.0).to(tl.float32)
         dx += wj[None, :] * gy
         if s == 0:
