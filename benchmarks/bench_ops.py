@@ -286,61 +286,53 @@ def _gdn_inputs(B, T, H, K, V, cu=None):
     return q, k, v, g, beta
 
 
-def group_gdn(copy_gbs: float, with_bwd: bool = True) -> None:
-    """Issue-4 shapes, K = V = 128, qk l2norm in kernel, bf16; floors: the minimum bytes (q, k, v, g, beta
-    read, o written) and the chunked FLOPs (kkt, w/u, state update, output) per shape."""
-    fla_gdr = _peer("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
-    lens = [3000, 1000, 2500, 1500, 4000, 500, 2884, 1000]  # 8 unequal sequences, 16384 tokens
-    for B, T, H, cu_list in ((1, 8192, 16, None), (1, 32768, 32, None), (1, 16384, 16, lens)):
-        K = V = 128
-        cu = None if cu_list is None else torch.tensor([0] + torch.tensor(cu_list).cumsum(0).tolist(),
-                                                         device=DEV, dtype=torch.int64)
-        q, k, v, g, beta = _gdn_inputs(B, T, H, K, V)
-        ins = (q, k, v, g, beta)
+#: 8 unequal sequences, 16384 tokens: the varlen case of the linear-attention groups
+_LA_LENS = [3000, 1000, 2500, 1500, 4000, 500, 2884, 1000]
 
-        def ours():
-            return api.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
-        impls = {"ours": (ours, _grad(lambda: ours().float().sum(), ins) if with_bwd else None)}
-        if fla_gdr is not None:
-            def fla():
-                return fla_gdr(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
-            impls["fla chunk_gated_delta_rule"] = (fla, _grad(lambda: fla().float().sum(), ins) if with_bwd else None)
-        nb = B * T * H * (K + K + V + V) * 2 + B * T * H * (4 + 2)
-        flops = 2.0 * B * T * H * 64 * (K + K + V + K + V) + 2.0 * B * T * H * K * V * 3
-        name = f"chunk_gated_delta_rule B{B} T{T} H{H} K=V=128" + ("" if cu is None else f" varlen {len(lens)} seqs")
-        print(f"# {name}: floor {nb / copy_gbs / 1e6:.3f} ms of bytes ({nb / 1e6:.0f} MB), "
-              f"{flops / 1e9:.1f} GFLOP fwd", flush=True)
+
+def _la_group(op: str, ours_fn, peer, per_channel: bool, shapes, copy_gbs: float, with_bwd: bool) -> None:
+    """One linear-attention case per shape ``(B, T, H, varlen?)``, K = V = 128, bf16 q/k/v, fp32 gates
+    ``logsigmoid(U)`` (per head, or per channel with ``per_channel``), qk l2norm in kernel; ours vs
+    the fla peer (same call). Floor: the minimum bytes (q, k, v, g, beta read once, o written once)."""
+    K = V = 128
+    for B, T, H, varlen in shapes:
+        cu = None if not varlen else torch.tensor([0] + torch.tensor(_LA_LENS).cumsum(0).tolist(), device=DEV,
+                                                    dtype=torch.int64)
+        q, k, v, g, beta = _gdn_inputs(B, T, H, K, V)
+        if per_channel:
+            g = F.logsigmoid(torch.rand(B, T, H, K, device=DEV)).requires_grad_()
+        ins = (q, k, v, g, beta)
+        calls = {"ours": ours_fn}
+        if peer is not None:
+            calls[f"fla {op}"] = peer
+        impls = {}
+        for label, fn in calls.items():
+            def fwd(fn=fn):
+                return fn(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
+            impls[label] = (fwd, _grad(lambda fwd=fwd: fwd().float().sum(), ins) if with_bwd else None)
+        nb = B * T * H * (K + K + V + V) * 2 + B * T * H * ((K if per_channel else 1) * 4 + 2)
+        name = f"{op} B{B} T{T} H{H} K=V=128" + (f" varlen {len(_LA_LENS)} seqs" if varlen else "")
+        msg = f"# {name}: floor {nb / copy_gbs / 1e6:.3f} ms of bytes ({nb / 1e6:.0f} MB)"
+        if not per_channel:  # chunked FLOPs: kkt, w/u, state update, output
+            flops = 2.0 * B * T * H * 64 * (K + K + V + K + V) + 2.0 * B * T * H * K * V * 3
+            msg += f", {flops / 1e9:.1f} GFLOP fwd"
+        print(msg, flush=True)
         bench(name, impls, nb, None, copy_gbs)
         del q, k, v, g, beta, ins, impls
         torch.cuda.empty_cache()
+
+
+def group_gdn(copy_gbs: float, with_bwd: bool = True) -> None:
+    """Issue-4 shapes of chunk_gated_delta_rule (Qwen3-Next GDN) vs fla."""
+    _la_group("chunk_gated_delta_rule", api.chunk_gated_delta_rule,
+              _peer("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"), False,
+              ((1, 8192, 16, False), (1, 32768, 32, False), (1, 16384, 16, True)), copy_gbs, with_bwd)
 
 
 def group_kda(copy_gbs: float, with_bwd: bool = True) -> None:
-    """KDA (Kimi-Linear) shapes, K = V = 128, per-channel gates logsigmoid(rand) (fp32), qk l2norm in
-    kernel, bf16; floor: the minimum bytes (q, k, v, beta read, g read in fp32, o written)."""
-    fla_kda = _peer("fla.ops.kda", "chunk_kda")
-    lens = [3000, 1000, 2500, 1500, 4000, 500, 2884, 1000]
-    for B, T, H, cu_list in ((1, 8192, 16, None), (1, 16384, 32, None), (1, 16384, 16, lens)):
-        K = V = 128
-        cu = None if cu_list is None else torch.tensor([0] + torch.tensor(cu_list).cumsum(0).tolist(),
-                                                         device=DEV, dtype=torch.int64)
-        q, k, v, _, beta = _gdn_inputs(B, T, H, K, V)
-        g = F.logsigmoid(torch.rand(B, T, H, K, device=DEV)).requires_grad_()
-        ins = (q, k, v, g, beta)
-
-        def ours():
-            return api.chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
-        impls = {"ours": (ours, _grad(lambda: ours().float().sum(), ins) if with_bwd else None)}
-        if fla_kda is not None:
-            def fla():
-                return fla_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
-            impls["fla chunk_kda"] = (fla, _grad(lambda: fla().float().sum(), ins) if with_bwd else None)
-        nb = B * T * H * (K + K + V + V) * 2 + B * T * H * (K * 4 + 2)
-        name = f"chunk_kda B{B} T{T} H{H} K=V=128" + ("" if cu is None else f" varlen {len(lens)} seqs")
-        print(f"# {name}: floor {nb / copy_gbs / 1e6:.3f} ms of bytes ({nb / 1e6:.0f} MB)", flush=True)
-        bench(name, impls, nb, None, copy_gbs)
-        del q, k, v, g, beta, ins, impls
-        torch.cuda.empty_cache()
+    """chunk_kda (Kimi-Linear KDA, per-channel gates) vs fla."""
+    _la_group("chunk_kda", api.chunk_kda, _peer("fla.ops.kda", "chunk_kda"), True,
+              ((1, 8192, 16, False), (1, 16384, 32, False), (1, 16384, 16, True)), copy_gbs, with_bwd)
 
 
 def render(doc: dict) -> str:
