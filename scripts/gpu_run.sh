@@ -11,6 +11,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
   export PYTHONPATH=$PWD
 fi
+for b in .whl/*.tar.xz; do  # the TileLang bundle (scripts/make_tilelang_bundle.sh), optional
+  [[ -e $b ]] || continue
+  mkdir -p /tmp/site && tar -C /tmp/site -xJf "$b" && export PYTHONPATH=/tmp/site:$PWD || exit 1
+done
 what=${1:-all}; shift || true
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
