@@ -108,7 +108,8 @@ def sinkhorn(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
     Source: DeepSeek-V4 manifold-constrained hyper-connections (mHC, DeepSeek-AI 2025/2026);
     Sinkhorn & Knopp (1967).
     """
-    return _sinkhorn(mixes, hc_scale, hc_base, int(hc_mult), int(sinkhorn_iters), float(eps))
+    return _sinkhorn(mixes, hc_scale, hc_base, _sk.as_int(_sk.OP, "hc_mult", hc_mult),
+                     _sk.as_int(_sk.OP, "sinkhorn_iters", sinkhorn_iters), float(eps))
 
 
 hc_split_sinkhorn = sinkhorn
@@ -175,7 +176,7 @@ def sinkhorn_knopp(logits: torch.Tensor, iters: int = 20, eps: float = 1e-6) -> 
 
     Source: Sinkhorn & Knopp (1967); DeepSeek-V4 mHC.
     """
-    return _sinkhorn_knopp(logits, int(iters), float(eps))
+    return _sinkhorn_knopp(logits, _sk.as_int(_sk.OP_KNOPP, "iters", iters), float(eps))
 
 
 # ---------------------------------------------------------------------------------------------- mhc_pre_bmm

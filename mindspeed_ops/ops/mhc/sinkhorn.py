@@ -13,8 +13,19 @@ OP = "sinkhorn"
 OP_KNOPP = "sinkhorn_knopp"
 
 
+def as_int(op: str, name: str, v) -> int:
+    """``v`` as a Python int for the public functions: ints (also numpy/0-d tensor ints) and integral
+    floats pass; a fractional value or a bool raises instead of being silently truncated by ``int()``."""
+    if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+        raise ValueError(f"{op}: {name} must be an int, got {v!r}")
+    try:
+        return int(v)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{op}: {name} must be an int, got {v!r}") from None
+
+
 def _check_iters_eps(op: str, iters_name: str, iters, eps) -> None:
-    if not isinstance(iters, int) or isinstance(iters, bool) or iters < 1:
+    if not isinstance(iters, (int, torch.SymInt)) or isinstance(iters, bool) or iters < 1:
         raise ValueError(f"{op}: {iters_name} must be an int >= 1, got {iters!r}")
     if not isinstance(eps, (int, float)) or not eps >= 0 or not math.isfinite(eps):
         raise ValueError(f"{op}: eps must be a finite number >= 0, got {eps!r}")
@@ -22,7 +33,8 @@ def _check_iters_eps(op: str, iters_name: str, iters, eps) -> None:
 
 def check_args(mixes, hc_scale, hc_base, hc_mult, sinkhorn_iters, eps) -> int:
     """Validate the arguments of ``sinkhorn`` (also on fake tensors); returns ``n``."""
-    if not isinstance(hc_mult, int) or isinstance(hc_mult, bool) or not 1 <= hc_mult <= 8:
+    # a SymInt under torch.compile(dynamic=True) when taken from a shape (e.g. ``X.shape[-2]``)
+    if not isinstance(hc_mult, (int, torch.SymInt)) or isinstance(hc_mult, bool) or not 1 <= hc_mult <= 8:
         raise ValueError(f"{OP}: hc_mult must be an int in [1, 8], got {hc_mult!r}")
     _check_iters_eps(OP, "sinkhorn_iters", sinkhorn_iters, eps)
     reject_float64(OP, mixes=mixes, hc_scale=hc_scale, hc_base=hc_base)

@@ -23,28 +23,30 @@ def _softmax_eps(C, kmask3, emask3, eps):
 
 
 @triton.jit
-def _col_step(P, eps):
-    r = 1.0 / (tl.sum(P, axis=1) + eps)
+def _col_step(P, eps, pad):
+    """``pad [NP]`` is 1.0 on padding indices (``>= N``), 0.0 elsewhere: a padding row/column sums to 0,
+    and ``1/(0 + pad + eps)`` stays finite even at ``eps = 0`` (``0·inf`` would put NaN into the valid sums)."""
+    r = 1.0 / (tl.sum(P, axis=1) + eps + pad[None, :])
     return P * r[:, None, :]
 
 
 @triton.jit
-def _row_step(P, eps):
-    r = 1.0 / (tl.sum(P, axis=2) + eps)
+def _row_step(P, eps, pad):
+    r = 1.0 / (tl.sum(P, axis=2) + eps + pad[None, :])
     return P * r[:, :, None]
 
 
 @triton.jit
-def _sinkhorn_loop(P0, iters, eps):
-    P = _col_step(P0, eps)
+def _sinkhorn_loop(P0, iters, eps, pad):
+    P = _col_step(P0, eps, pad)
     for _ in range(1, iters):
-        P = _row_step(P, eps)
-        P = _col_step(P, eps)
+        P = _row_step(P, eps, pad)
+        P = _col_step(P, eps, pad)
     return P
 
 
 @triton.jit
-def _sinkhorn_bwd_loop(P0, dP, emask3, r_ptr, rows, rmask, M, iters, eps, NP: tl.constexpr):
+def _sinkhorn_bwd_loop(P0, dP, emask3, pad, r_ptr, rows, rmask, M, iters, eps, NP: tl.constexpr):
     """Gradient w.r.t. ``P0`` of the unrolled loop, given ``dP`` of its output.
 
     Pass 1 re-runs the forward and keeps each step's reciprocal sums ``r_t`` (``NP`` floats a token a
@@ -52,7 +54,7 @@ def _sinkhorn_bwd_loop(P0, dP, emask3, r_ptr, rows, rmask, M, iters, eps, NP: tl
     each step's input from its output (``X_t = Y_t / r_t``, a few ulp) and applying
     ``dX = (dY - Σ_axis dY ⊙ Y) · r``. O(steps) work; a CTA barrier separates the passes (the scratch
     rows of a token are written and read only by its program).
-    Padding entries are kept at 0 (their ``1/(0 + eps)`` factors would otherwise overflow)."""
+    Padding entries are kept at 0 (``pad`` keeps their ``1/(0 + eps)`` factors finite, see ``_col_step``)."""
     S = 2 * iters - 1
     roff = rows[:, None] * NP + tl.arange(0, NP)[None, :]
     rm = rmask[:, None]
@@ -60,11 +62,11 @@ def _sinkhorn_bwd_loop(P0, dP, emask3, r_ptr, rows, rmask, M, iters, eps, NP: tl
     for t in range(0, S):
         base = r_ptr + tl.cast(t, tl.int64) * M * NP
         if t % 2 == 0:
-            r = 1.0 / (tl.sum(X, axis=1) + eps)
+            r = 1.0 / (tl.sum(X, axis=1) + eps + pad[None, :])
             X = X * r[:, None, :]
             tl.store(base + roff, r, mask=rm)
         else:
-            r = 1.0 / (tl.sum(X, axis=2) + eps)
+            r = 1.0 / (tl.sum(X, axis=2) + eps + pad[None, :])
             X = X * r[:, :, None]
             tl.store(base + roff, r, mask=rm)
     tl.debug_barrier()
@@ -109,7 +111,7 @@ def sinkhorn_fwd_kernel(m_ptr, s_ptr, b_ptr, pre_ptr, post_ptr, comb_ptr, M, str
     mc = tl.load(m_ptr + rows[:, None, None] * stride_m + off[None, :, :], mask=m3, other=0.0).to(tl.float32)
     bc = tl.load(b_ptr + off, mask=emask, other=0.0).to(tl.float32)
     _, P0 = _softmax_eps(s2 * mc + bc[None, :, :], kmask[None, None, :], emask3, eps)
-    P = _sinkhorn_loop(P0, iters, eps)
+    P = _sinkhorn_loop(P0, iters, eps, tl.where(kmask, 0.0, 1.0))
     out3 = rows[:, None, None] * (N * N) + kk[None, :, None] * N + kk[None, None, :]
     tl.store(comb_ptr + out3, P.to(comb_ptr.dtype.element_ty), mask=m3)
 
@@ -153,7 +155,8 @@ def sinkhorn_bwd_kernel(m_ptr, s_ptr, b_ptr, dpre_ptr, dpost_ptr, dcomb_ptr, dm_
     pt, P0 = _softmax_eps(s2 * mc + bc[None, :, :], kmask[None, None, :], emask3, eps)
     dP = tl.load(dcomb_ptr + rows[:, None, None] * sdc_r + k64[None, :, None] * sdc_j + k64[None, None, :] * sdc_k,
                  mask=m3, other=0.0).to(tl.float32)
-    dP = tl.where(m3, _sinkhorn_bwd_loop(P0, dP, emask3, r_ptr, rows, rmask, M, iters, eps, NP), 0.0)
+    dP = tl.where(m3, _sinkhorn_bwd_loop(P0, dP, emask3, tl.where(kmask, 0.0, 1.0), r_ptr, rows, rmask, M,
+                                                  iters, eps, NP), 0.0)
     dC = tl.where(m3, pt * (dP - tl.sum(dP * pt, axis=2)[:, :, None]), 0.0)
     tl.store(dm_ptr + rows[:, None, None] * stride_dm + off[None, :, :], (dC * s2).to(dm_ptr.dtype.element_ty),
              mask=m3)
@@ -178,7 +181,7 @@ def sinkhorn_knopp_fwd_kernel(c_ptr, p_ptr, M, iters, eps, N: tl.constexpr, NP: 
     off = rows[:, None, None] * (N * N) + kk[None, :, None] * N + kk[None, None, :]
     C = tl.load(c_ptr + off, mask=m3, other=0.0).to(tl.float32)
     _, P0 = _softmax_eps(C, kmask[None, None, :], emask3, eps)
-    P = _sinkhorn_loop(P0, iters, eps)
+    P = _sinkhorn_loop(P0, iters, eps, tl.where(kmask, 0.0, 1.0))
     tl.store(p_ptr + off, P.to(p_ptr.dtype.element_ty), mask=m3)
 
 
@@ -197,7 +200,8 @@ def sinkhorn_knopp_bwd_kernel(c_ptr, dp_ptr, dc_ptr, r_ptr, M, sdp_r, sdp_j, sdp
     pt, P0 = _softmax_eps(C, kmask[None, None, :], emask3, eps)
     dP = tl.load(dp_ptr + rows[:, None, None] * sdp_r + k64[None, :, None] * sdp_j + k64[None, None, :] * sdp_k,
                  mask=m3, other=0.0).to(tl.float32)
-    dP = tl.where(m3, _sinkhorn_bwd_loop(P0, dP, emask3, r_ptr, rows, rmask, M, iters, eps, NP), 0.0)
+    dP = tl.where(m3, _sinkhorn_bwd_loop(P0, dP, emask3, tl.where(kmask, 0.0, 1.0), r_ptr, rows, rmask, M,
+                                                  iters, eps, NP), 0.0)
     dC = pt * (dP - tl.sum(dP * pt, axis=2)[:, :, None])
     tl.store(dc_ptr + off, dC.to(dc_ptr.dtype.element_ty), mask=m3)
 

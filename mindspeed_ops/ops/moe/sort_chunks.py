@@ -94,8 +94,8 @@ def _tables(split_sizes: torch.Tensor, sorted_idxs: torch.Tensor, M: int, device
     copy when the indices are on the host)."""
     from .triton_kernels import sort_chunks_tables_kernel
 
-    def idx(t):
-        return t if t.dtype in (torch.int32, torch.int64) else t.long()
+    def idx(t):  # the tables kernel reads them as dense 1-D arrays (a slice or an expand is copied)
+        return (t if t.dtype in (torch.int32, torch.int64) else t.long()).contiguous()
 
     sizes, order = idx(split_sizes), idx(sorted_idxs)
     if sizes.device != device or order.device != device:
