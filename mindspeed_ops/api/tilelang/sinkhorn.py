@@ -59,7 +59,9 @@ def sinkhorn(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
 
     Source: DeepSeek-V4 manifold-constrained hyper-connections; Sinkhorn & Knopp (1967).
     """
-    args = (int(hc_mult), int(sinkhorn_iters), float(eps))
+    from ...ops.mhc.sinkhorn import OP, as_int
+
+    args = (as_int(OP, "hc_mult", hc_mult), as_int(OP, "sinkhorn_iters", sinkhorn_iters), float(eps))
     if torch.compiler.is_compiling():
         return _dispatched_sinkhorn(mixes, hc_scale, hc_base, *args)
     ok, why = tilelang_status(mixes.device) if isinstance(mixes, torch.Tensor) else (False, "mixes is not a tensor")
