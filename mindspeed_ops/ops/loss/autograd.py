@@ -165,14 +165,17 @@ def _placeholders(grads, shapes, like):
 @torch.library.custom_op("mindspeed_ops::chunk_loss", mutates_args=())
 def chunk_op(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: Optional[torch.Tensor],
              loss_weight: Optional[torch.Tensor], ignore_index: int, reduction: str, label_smoothing: float,
-             lse_square_scale: float, softcap: Optional[float], chunk_size: int, compute_dtype: torch.dtype,
+             lse_square_scale: float, softcap: Optional[float], chunk_size: Optional[int], compute_dtype: torch.dtype,
              accum_dtype: Optional[torch.dtype], need_dhidden: bool, need_dweight: bool,
              need_dbias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    _chunk.check_args(hidden, weight, labels, bias, loss_weight, ignore_index, reduction, label_smoothing,
-                      lse_square_scale, softcap, chunk_size, accum_dtype)
+    N, Hd, V = _chunk.check_args(hidden, weight, labels, bias, loss_weight, ignore_index, reduction, label_smoothing,
+                                 lse_square_scale, softcap, chunk_size, accum_dtype)
+    # the default chunk size is resolved here, on concrete sizes: under torch.compile with a dynamic
+    # N it would be a SymInt expression (which is not an int, and would not fit the schema)
+    r = _chunk.resolve_chunk_size(N, V, Hd, chunk_size)
     impl = backends.implementation(CHUNK, hidden.device)
     out = impl.forward(hidden, weight, labels, bias, loss_weight, ignore_index, reduction, label_smoothing,
-                       lse_square_scale, softcap, chunk_size, compute_dtype, accum_dtype, need_dhidden, need_dweight,
+                       lse_square_scale, softcap, r, compute_dtype, accum_dtype, need_dhidden, need_dweight,
                        need_dbias)
     # gradients not computed (None) become empty placeholders of the fake function's dtypes
     shapes = _chunk_grad_shapes(hidden, weight, bias, reduction, need_dhidden, need_dweight, need_dbias)
@@ -195,11 +198,13 @@ def _(hidden, weight, labels, bias, loss_weight, ignore_index, reduction, label_
 def chunk_bwd_op(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                  bias: Optional[torch.Tensor], loss_weight: Optional[torch.Tensor], lse: torch.Tensor,
                  ignore_index: int, label_smoothing: float, lse_square_scale: float, softcap: Optional[float],
-                 chunk_size: int, compute_dtype: torch.dtype, accum_dtype: Optional[torch.dtype], need_dhidden: bool,
-                 need_dweight: bool, need_dbias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 chunk_size: Optional[int], compute_dtype: torch.dtype, accum_dtype: Optional[torch.dtype],
+                 need_dhidden: bool, need_dweight: bool,
+                 need_dbias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     impl = backends.implementation(CHUNK, hidden.device)
+    r = _chunk.resolve_chunk_size(hidden.shape[0], weight.shape[0], hidden.shape[1], chunk_size)  # as in forward
     out = impl.backward(grad, hidden, weight, labels, bias, loss_weight, lse, ignore_index, label_smoothing,
-                        lse_square_scale, softcap, chunk_size, compute_dtype, accum_dtype, need_dhidden,
+                        lse_square_scale, softcap, r, compute_dtype, accum_dtype, need_dhidden,
                         need_dweight, need_dbias)
     shapes = _chunk_grad_shapes(hidden, weight, bias, "sum", need_dhidden, need_dweight, need_dbias)
     return _placeholders(out, shapes, hidden)
@@ -313,12 +318,15 @@ def fused_cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, loss_we
     Raises:
         TypeError: logits not fp32/fp16/bf16, labels not int32/int64, loss_weight not floating.
         ValueError: shape mismatches, ``V < 1``, ``reduction`` not in mean/sum/none, ``ε`` outside
-            [0, 1], ``λ < 0``, ``softcap <= 0``, tensors on different devices.
+            [0, 1], ``λ < 0``, ``softcap <= 0``, tensors on different devices, ``inplace_backward=True``
+            with a ``logits`` whose elements share memory (an expanded view).
 
     Source: PyTorch ``F.cross_entropy`` semantics; z-loss from PaLM (Chowdhery et al., 2022); logit
     soft-capping from Gemma 2 (Gemma Team, 2024).
     """
     _ce.check_args(logits, labels, loss_weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap)
+    if inplace_backward:
+        _ce.check_inplace(logits)
     w = None if loss_weight is None else loss_weight.detach()
     rows, lse = _ce_call(logits, labels, w, int(ignore_index), float(label_smoothing), float(lse_square_scale),
                          _ce.norm_softcap(softcap), bool(inplace_backward))
@@ -420,7 +428,6 @@ def chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                                  lse_square_scale, softcap, chunk_size, accum_dtype)
     lead = hidden.shape[:-1]
     cdt = _ref.compute_dtype(hidden)
-    r = _chunk.resolve_chunk_size(N, V, Hd, chunk_size)
     grad_on = torch.is_grad_enabled()
     need_dh = grad_on and hidden.requires_grad
     need_dw = grad_on and weight.requires_grad
@@ -428,7 +435,7 @@ def chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
     w = None if loss_weight is None else loss_weight.detach().reshape(N)
     loss, lse, *_ = _chunk_call(hidden.reshape(N, Hd), weight, labels.reshape(N), bias, w, int(ignore_index),
                                 reduction, float(label_smoothing), float(lse_square_scale),
-                                _ce.norm_softcap(softcap), r, cdt, accum_dtype, need_dh, need_dw, need_db)
+                                _ce.norm_softcap(softcap), chunk_size, cdt, accum_dtype, need_dh, need_dw, need_db)
     if reduction == "none":
         loss = loss.view(lead)
     lse = lse.view(lead)

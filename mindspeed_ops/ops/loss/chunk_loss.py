@@ -252,7 +252,8 @@ def safe_denominator(labels: torch.Tensor, loss_weight: Optional[torch.Tensor], 
     if loss_weight is None:
         denom = valid.sum().to(torch.float32)
     else:
-        denom = (loss_weight.detach().reshape(-1).to(torch.float32) * valid).sum()
+        # where, not a product: a non-finite weight on an ignored row must not reach the sum
+        denom = torch.where(valid, loss_weight.detach().reshape(-1).to(torch.float32), 0.0).sum()
     return torch.where(denom == 0, torch.ones_like(denom), denom)
 
 

@@ -29,8 +29,8 @@ def check_options(op: str, ignore_index, reduction: str, label_smoothing: float,
         raise TypeError(f"{op}: ignore_index must be an int, got {type(ignore_index).__name__}")
     if not (isinstance(label_smoothing, (int, float)) and 0.0 <= label_smoothing <= 1.0):
         raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing!r}")
-    if not (isinstance(lse_square_scale, (int, float)) and math.isfinite(lse_square_scale)
-            and lse_square_scale >= 0.0):
+    # comparisons, not math.isfinite: under torch.compile(dynamic=True) the floats may be symbolic
+    if not (isinstance(lse_square_scale, (int, float)) and 0.0 <= lse_square_scale < math.inf):
         raise ValueError(f"{op}: lse_square_scale must be a finite number >= 0, got {lse_square_scale!r}")
     if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
         raise ValueError(f"{op}: softcap must be None or a number > 0, got {softcap!r}")
@@ -38,7 +38,7 @@ def check_options(op: str, ignore_index, reduction: str, label_smoothing: float,
 
 def norm_softcap(softcap) -> Optional[float]:
     """``None`` for no capping (``None`` or ``+inf``), else the float."""
-    return None if softcap is None or math.isinf(softcap) else float(softcap)
+    return None if softcap is None or softcap == math.inf else float(softcap)
 
 
 def check_rows(op: str, lead, labels: torch.Tensor, loss_weight: Optional[torch.Tensor], lead_desc: str) -> None:
@@ -58,6 +58,16 @@ def check_args(logits: torch.Tensor, labels: torch.Tensor, loss_weight: Optional
     check_rows(OP, logits.shape[:-1], labels, loss_weight, "logits.shape[:-1]")
     check_same_device(OP, logits=logits, labels=labels, loss_weight=loss_weight)
     check_options(OP, ignore_index, reduction, label_smoothing, lse_square_scale, softcap)
+
+
+def check_inplace(logits: torch.Tensor) -> None:
+    """``inplace_backward=True`` writes one gradient element per logit into ``logits``' storage: a tensor
+    whose elements share memory (an ``expand``-ed / stride-0 view) cannot hold it (``ValueError``, as
+    PyTorch's own in-place ops refuse such tensors) instead of a silently wrong gradient."""
+    if any(st == 0 and sz > 1 for sz, st in zip(logits.shape, logits.stride())):  # traceable by dynamo
+        raise ValueError(f"{OP}: inplace_backward=True needs logits whose elements do not share memory, got "
+                         f"shape {shape_str(logits.shape)} with strides {list(logits.stride())} (an expanded view?); "
+                         "pass a contiguous copy or use inplace_backward=False")
 
 
 # ---------------------------------------------------------------------------------------------

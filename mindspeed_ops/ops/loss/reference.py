@@ -48,8 +48,8 @@ def cross_entropy_rows(logits: torch.Tensor, labels: torch.Tensor, loss_weight: 
         loss = loss + label_smoothing * (lse - z.mean(dim=-1))
     if lse_square_scale:
         loss = loss + lse_square_scale * lse.square()
-    if loss_weight is not None:
-        loss = loss * loss_weight.to(acc)
+    if loss_weight is not None:  # ignored rows' weights leave the graph too (an inf there must not give 0·inf)
+        loss = loss * torch.where(valid, loss_weight.to(acc), torch.zeros((), dtype=acc, device=loss.device))
     loss = torch.where(valid, loss, torch.zeros((), dtype=acc, device=loss.device))
     return loss, lse_out
 
@@ -66,8 +66,8 @@ def reduce_rows(rows: torch.Tensor, labels: torch.Tensor, loss_weight: Optional[
     valid = (labels != ignore_index).reshape(rows.shape)
     if loss_weight is None:
         denom = valid.sum().to(rows.dtype)
-    else:
-        denom = (loss_weight.detach().to(rows.dtype) * valid).sum()
+    else:  # where, not a product: a non-finite weight on an ignored row must not reach the sum
+        denom = torch.where(valid, loss_weight.detach().reshape(rows.shape).to(rows.dtype), 0.0).sum()
     return total / torch.where(denom == 0, torch.ones_like(denom), denom)
 
 
@@ -80,7 +80,8 @@ def row_upstream(grad: torch.Tensor, labels: torch.Tensor, loss_weight: Optional
         return grad.expand(labels.shape)
     if reduction == "mean":
         valid = labels != ignore_index
-        denom = valid.sum().to(dtype) if loss_weight is None else (loss_weight.detach().to(dtype) * valid).sum()
+        denom = valid.sum().to(dtype) if loss_weight is None else \
+            torch.where(valid, loss_weight.detach().to(dtype), 0.0).sum()
         grad = grad / torch.where(denom == 0, torch.ones_like(denom), denom)
     return grad.expand(labels.shape)
 
