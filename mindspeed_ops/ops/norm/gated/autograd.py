@@ -161,6 +161,8 @@ def rms_norm_gated(x: torch.Tensor, g: torch.Tensor, weight: Optional[torch.Tens
     """
     check_choice(OP, "activation", activation, _ref.ACTIVATIONS)
     check_choice(OP, "casting", casting, _ref.CASTINGS)
+    if isinstance(group_size, bool):  # operator.index(True) == 1 would silently mean groups of 1 channel
+        raise ValueError(f"{OP}: group_size must be None or a positive int, got {group_size!r}")
     try:
         eps = float(eps)
         group_size = None if group_size is None else operator.index(group_size)
@@ -198,7 +200,7 @@ class FusedRMSNormGated(nn.Module):
         super().__init__()
         check_choice("FusedRMSNormGated", "activation", activation, _ref.ACTIVATIONS)
         check_choice("FusedRMSNormGated", "casting", casting, _ref.CASTINGS)
-        if group_size is not None and (group_size <= 0 or hidden_size % group_size):
+        if group_size is not None and (isinstance(group_size, bool) or group_size <= 0 or hidden_size % group_size):
             raise ValueError(f"FusedRMSNormGated: group_size must divide hidden_size = {hidden_size}, got {group_size}")
         if casting == "input" and (not norm_before_gate or group_size not in (None, hidden_size)):
             raise ValueError("FusedRMSNormGated: casting='input' needs norm_before_gate=True and group_size=None")
