@@ -100,17 +100,16 @@ def chunk_gdr_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Ten
     impl = backends.implementation(OP, q.device)
     dq, dk, dv, dg, dbeta, dh0 = impl.backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale,
                                                use_qk_l2norm_in_kernel, cu_seqlens, chunk_size)
-    e = _empty(q)
-    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), e if dg is None else dg.to(g.dtype),
-            dbeta.to(beta.dtype), e if dh0 is None else dh0.to(initial_state.dtype))
+    # one fresh placeholder per absent gradient: a custom op's returns may not alias each other
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), _empty(q) if dg is None else dg.to(g.dtype),
+            dbeta.to(beta.dtype), _empty(q) if dh0 is None else dh0.to(initial_state.dtype))
 
 
 @chunk_gdr_bwd_op.register_fake
 def _(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size):
-    e = q.new_empty(0)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-            e if g is None else torch.empty_like(g), torch.empty_like(beta),
-            e if initial_state is None else torch.empty_like(initial_state))
+            q.new_empty(0) if g is None else torch.empty_like(g), torch.empty_like(beta),
+            q.new_empty(0) if initial_state is None else torch.empty_like(initial_state))
 
 
 def _setup(ctx, inputs, output):

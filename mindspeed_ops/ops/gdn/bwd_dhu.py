@@ -84,7 +84,8 @@ def chunk_gated_delta_rule_bwd_dhu(q: torch.Tensor, k: torch.Tensor, w: torch.Te
     if chunk_indices is not None:
         chunk_table(OP, cu_host, cu_seqlens, q.shape[0], q.shape[1], chunk_size, chunk_indices)
     if not use_triton(q.device):
-        return _ref.chunk_gated_delta_rule_bwd_dhu_ref(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_size)
+        with torch.no_grad():  # stage functions are not differentiable (SPEC 1.10)
+            return _ref.chunk_gated_delta_rule_bwd_dhu_ref(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_size)
     return forward(q, k, w, do, dv, g, gk, h0, dht, scale, chunk_size, cu_host)
 
 

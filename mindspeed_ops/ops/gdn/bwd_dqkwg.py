@@ -82,9 +82,10 @@ def chunk_bwd_dqkwg(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
     """
     cu_host = check_args(q, k, v, do, h, dh, g, dv, w, scale, chunk_size, cu_seqlens)
     if not use_triton(q.device):
-        if chunk_indices is not None:
-            chunk_table(OP, cu_host, cu_seqlens, q.shape[0], q.shape[1], chunk_size, chunk_indices)
-        return _ref.chunk_bwd_dqkwg_ref(q, k, v, do, h, dh, g, dv, w, cu_seqlens, chunk_size, scale)
+        with torch.no_grad():  # stage functions are not differentiable (SPEC 1.10)
+            if chunk_indices is not None:
+                chunk_table(OP, cu_host, cu_seqlens, q.shape[0], q.shape[1], chunk_size, chunk_indices)
+            return _ref.chunk_bwd_dqkwg_ref(q, k, v, do, h, dh, g, dv, w, cu_seqlens, chunk_size, scale)
     return forward(q, k, v, do, h, dh, g, dv, w, scale, cu_host, cu_seqlens, chunk_size, chunk_indices)
 
 

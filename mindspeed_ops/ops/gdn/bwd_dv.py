@@ -82,7 +82,8 @@ def chunk_bwd_dv_local(q: torch.Tensor, k: torch.Tensor, do: torch.Tensor, g: Op
     if chunk_indices is not None:
         chunk_table(OP, cu_host, cu_seqlens, q.shape[0], q.shape[1], chunk_size, chunk_indices)
     if not use_triton(q.device):
-        return _ref.chunk_bwd_dv_local_ref(q, k, do, g, scale, cu_seqlens, chunk_size)
+        with torch.no_grad():  # stage functions are not differentiable (SPEC 1.10)
+            return _ref.chunk_bwd_dv_local_ref(q, k, do, g, scale, cu_seqlens, chunk_size)
     return forward(q, k, do, g, scale, cu_host, cu_seqlens, chunk_size, chunk_indices)
 
 

@@ -76,7 +76,8 @@ def chunk_local_cumsum(g: torch.Tensor, chunk_size: int = 64, reverse: bool = Fa
     cu_host = check_args(g, chunk_size, scale, cu_seqlens, head_first, output_dtype)
     out_dtype = g.dtype if output_dtype is None else output_dtype
     if not use_triton(g.device):
-        return _ref.chunk_local_cumsum_ref(g, chunk_size, reverse, scale, cu_seqlens, out_dtype)
+        with torch.no_grad():  # stage functions are not differentiable (SPEC 1.10)
+            return _ref.chunk_local_cumsum_ref(g, chunk_size, reverse, scale, cu_seqlens, out_dtype)
     return forward(g, chunk_size, reverse, scale, cu_host, cu_seqlens, out_dtype, chunk_indices)
 
 

@@ -93,8 +93,9 @@ def chunk_gated_delta_rule_fwd_h(k: torch.Tensor, w: torch.Tensor, u: torch.Tens
     if chunk_indices is not None:
         chunk_table(OP, cu_host, cu_seqlens, k.shape[0], k.shape[1], chunk_size, chunk_indices)
     if not use_triton(k.device):
-        return _ref.chunk_gated_delta_rule_fwd_h_ref(k, w, u, g, gk, initial_state, output_final_state, chunk_size,
-                                                     save_new_value, cu_seqlens)
+        with torch.no_grad():  # stage functions are not differentiable (SPEC 1.10)
+            return _ref.chunk_gated_delta_rule_fwd_h_ref(k, w, u, g, gk, initial_state, output_final_state, chunk_size,
+                                                         save_new_value, cu_seqlens)
     return forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_new_value, cu_host)
 
 

@@ -75,7 +75,8 @@ def chunk_fwd_o(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, h: torch.Tens
     """
     cu_host, NT = check_args(q, k, v, h, g, scale, chunk_size, cu_seqlens)
     if not use_triton(q.device):
-        return _ref.chunk_fwd_o_ref(q, k, v, h, g, scale, cu_seqlens, chunk_size)
+        with torch.no_grad():  # stage functions are not differentiable (SPEC 1.10)
+            return _ref.chunk_fwd_o_ref(q, k, v, h, g, scale, cu_seqlens, chunk_size)
     return forward(q, k, v, h, g, scale, cu_host, cu_seqlens, chunk_size, chunk_indices)
 
 

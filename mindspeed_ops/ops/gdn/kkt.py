@@ -98,7 +98,8 @@ def chunk_scaled_dot_kkt_fwd(k: torch.Tensor, g: Optional[torch.Tensor] = None, 
     HV, cu_host = check_args(k, g, gk, beta, cu_seqlens, chunk_size, output_dtype)
     out_dtype = k.dtype if output_dtype is None else output_dtype
     if not use_triton(k.device):
-        return _ref.chunk_scaled_dot_kkt_fwd_ref(k, g, gk, beta, cu_seqlens, chunk_size, out_dtype)
+        with torch.no_grad():  # stage functions are not differentiable (SPEC 1.10)
+            return _ref.chunk_scaled_dot_kkt_fwd_ref(k, g, gk, beta, cu_seqlens, chunk_size, out_dtype)
     return forward(k, g, gk, beta, HV, cu_host, cu_seqlens, chunk_size, out_dtype, chunk_indices)
 
 

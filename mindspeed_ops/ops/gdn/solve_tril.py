@@ -58,7 +58,8 @@ def solve_tril(A: torch.Tensor, cu_seqlens: Optional[torch.Tensor] = None,
     cu_host = check_args(A, cu_seqlens, output_dtype)
     out_dtype = A.dtype if output_dtype is None else output_dtype
     if not use_triton(A.device):
-        return _ref.solve_tril_ref(A, cu_seqlens, out_dtype)
+        with torch.no_grad():  # stage functions are not differentiable (SPEC 1.10)
+            return _ref.solve_tril_ref(A, cu_seqlens, out_dtype)
     return forward(A, cu_host, cu_seqlens, out_dtype, chunk_indices)
 
 

@@ -139,7 +139,8 @@ def recompute_w_u_fwd(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, A: t
     """
     cu_host = check_fwd_args(k, v, beta, A, g, gk, cu_seqlens)
     if not use_triton(k.device):
-        return _ref.recompute_w_u_fwd_ref(k, v, beta, A, g, gk, cu_seqlens)
+        with torch.no_grad():  # stage functions are not differentiable (SPEC 1.10)
+            return _ref.recompute_w_u_fwd_ref(k, v, beta, A, g, gk, cu_seqlens)
     return forward(k, v, beta, A, g, gk, cu_host, cu_seqlens, chunk_indices)
 
 
@@ -210,7 +211,8 @@ def prepare_wy_repr_bwd(k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tens
     """
     cu_host = check_bwd_args(k, v, g, beta, A, dw, du, cu_seqlens, chunk_size)
     if not use_triton(k.device):
-        return _ref.prepare_wy_repr_bwd_ref(k, v, g, beta, A, dw, du, cu_seqlens)
+        with torch.no_grad():  # stage functions are not differentiable (SPEC 1.10)
+            return _ref.prepare_wy_repr_bwd_ref(k, v, g, beta, A, dw, du, cu_seqlens)
     return backward(k, v, g, beta, A, dw, du, cu_host, cu_seqlens, chunk_indices)
 
 

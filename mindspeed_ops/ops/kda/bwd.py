@@ -103,7 +103,8 @@ def chunk_kda_bwd_dav(v_new: torch.Tensor, do: torch.Tensor, Aqk: torch.Tensor, 
     cu_host = check_cu_seqlens(DAV_OP, cu_seqlens, batch=B, total=T)
     sc = 1.0 if scale is None else float(scale)
     if not use_triton(do.device):
-        return _ref.chunk_kda_bwd_dav_ref(v_new, do, Aqk, sc, cu_seqlens)
+        with torch.no_grad():  # stage functions are not differentiable (SPEC 1.10)
+            return _ref.chunk_kda_bwd_dav_ref(v_new, do, Aqk, sc, cu_seqlens)
     return dav_forward(v_new, do, Aqk, sc, cu_host, cu_seqlens, chunk_indices)
 
 
@@ -197,8 +198,9 @@ def chunk_kda_bwd_wy_dqkg_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         chunk_table(WY_OP, cu_host, cu_seqlens, B, T, chunk_size, chunk_indices)
     sc = K ** -0.5 if scale is None else float(scale)
     if not use_triton(q.device):
-        return _ref.chunk_kda_bwd_wy_dqkg_fused_ref(q, k, v, v_new, g, beta, A, h, do, dh, dv, sc, cu_seqlens,
-                                                    chunk_size)
+        with torch.no_grad():  # stage functions are not differentiable (SPEC 1.10)
+            return _ref.chunk_kda_bwd_wy_dqkg_fused_ref(q, k, v, v_new, g, beta, A, h, do, dh, dv, sc, cu_seqlens,
+                                                        chunk_size)
     return wy_dqkg_forward(q, k, v, v_new, g, beta, A, h, do, dh, dv, sc, cu_host, cu_seqlens, chunk_indices)
 
 
@@ -252,8 +254,9 @@ def chunk_kda_bwd_intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta
     for name, t in (("dAq", dAq), ("dAm", dAm)):
         check_tensor(INTRA_OP, name, t, shape=(B, T, HV, dAq.shape[-1]), shape_desc="[B, T, HV, BT]")
     if not use_triton(q.device):
-        dq, dk, db, dg = _ref.chunk_kda_bwd_intra_ref(q, k, gk, beta, dAq, dAm, cu_seqlens)
-        return dq, dk, db, dg
+        with torch.no_grad():  # stage functions are not differentiable (SPEC 1.10)
+            dq, dk, db, dg = _ref.chunk_kda_bwd_intra_ref(q, k, gk, beta, dAq, dAm, cu_seqlens)
+            return dq, dk, db, dg
     dq = torch.zeros(B, T, HV, K, dtype=torch.float32, device=q.device)
     dk, dg = torch.zeros_like(dq), torch.zeros_like(dq)
     db = torch.zeros(B, T, HV, dtype=torch.float32, device=q.device)

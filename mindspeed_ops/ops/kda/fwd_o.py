@@ -54,7 +54,8 @@ def chunk_kda_fwd_o(q: torch.Tensor, v: torch.Tensor, h: torch.Tensor, gk: torch
     cu_host = check_args(q, v, h, gk, Aqk, scale, chunk_size, cu_seqlens)
     sc = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if not use_triton(q.device):
-        return _ref.chunk_kda_fwd_o_ref(q, v, h, gk, Aqk, sc, cu_seqlens, chunk_size)
+        with torch.no_grad():  # stage functions are not differentiable (SPEC 1.10)
+            return _ref.chunk_kda_fwd_o_ref(q, v, h, gk, Aqk, sc, cu_seqlens, chunk_size)
     return forward(q, v, h, gk, Aqk, sc, cu_host, cu_seqlens, chunk_size, chunk_indices)
 
 

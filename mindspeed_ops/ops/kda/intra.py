@@ -119,5 +119,6 @@ def chunk_kda_fwd_intra(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: t
         chunk_table(OP, cu_host, cu_seqlens, k.shape[0], k.shape[1], chunk_size, chunk_indices)
     sc = k.shape[-1] ** -0.5 if scale is None else float(scale)
     if not use_triton(k.device):
-        return _ref.chunk_kda_fwd_intra_ref(q, k, v, gk, beta, sc, cu_seqlens, chunk_size, output_qg)
+        with torch.no_grad():  # stage functions are not differentiable (SPEC 1.10)
+            return _ref.chunk_kda_fwd_intra_ref(q, k, v, gk, beta, sc, cu_seqlens, chunk_size, output_qg)
     return forward(q, k, v, gk, beta, sc, cu_host, cu_seqlens, chunk_size, chunk_indices, output_qg=output_qg)
