@@ -19,7 +19,7 @@ It trains on the Python standard library's own source files, byte by byte (nothi
 Examples::
 
     python examples/train_hybrid.py                      # CPU: reference backend, 200 steps in a few minutes
-    python examples/train_hybrid.py --steps 100 --resume # continue a run from out/train_hybrid/checkpoint.pt
+    python examples/train_hybrid.py --steps 300 --resume # continue that run to step 300 (--steps is the total)
     python examples/train_hybrid.py --preset gpu --compare   # GPU: Triton kernels vs the PyTorch reference
 
 Outputs in ``--out`` (default ``out/train_hybrid``): ``checkpoint.pt``, ``loss.png``, ``metrics.json``.

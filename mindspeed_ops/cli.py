@@ -152,6 +152,8 @@ def cmd_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     small = args.small if args.small is not None else device.type == "cpu"
+    if args.repeats < 0:
+        parser.error(f"--repeats must be >= 0, got {args.repeats}")
     try:
         dtypes = cr.parse_dtypes(args.dtypes) if args.dtypes else None
     except ValueError as e:
@@ -236,18 +238,21 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--repeats", type=int, default=3, metavar="N",
                    help="timed repetitions on CPU (0: no timing; CUDA uses do_bench)")
     c.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    c.set_defaults(command_parser=c)  # usage errors print this sub-command's usage
     from . import compile_check  # no kernel imports at its top: safe before TRITON_INTERPRET is decided
 
     cc = sub.add_parser("compile-check", help="compile every Triton kernel/config for sm_80/sm_90 without a GPU")
     compile_check.build_parser(cc)
     from .atk import cli as atk_cli  # no kernel imports at its top either
 
-    atk_cli.build_parser(sub.add_parser("atk", help="accuracy/performance/memory/determinism harness "
-                                                    "(tests/atk_tests/*.yaml)"))
+    a = atk_cli.build_parser(sub.add_parser("atk", help="accuracy/performance/memory/determinism harness "
+                                                        "(tests/atk_tests/*.yaml)"))
+    a.set_defaults(command_parser=a)
     from . import train  # no kernel imports at its top either
 
-    train.build_parser(sub.add_parser("train", help="train a small hybrid LM built from these operators on the "
-                                                    "Python standard library's source (examples/train_hybrid.py)"))
+    t = train.build_parser(sub.add_parser("train", help="train a small hybrid LM built from these operators on the "
+                                                        "Python standard library's source (examples/train_hybrid.py)"))
+    t.set_defaults(command_parser=t)
     return p
 
 
@@ -255,10 +260,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``mindspeed-ops`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    sub_parser = getattr(args, "command_parser", None) or parser  # for the sub-command's usage in errors
     if args.command == "info":
         return cmd_info(args)
     if args.command == "check":
-        return cmd_check(args, parser)
+        return cmd_check(args, sub_parser)
     if args.command == "compile-check":
         from . import compile_check
 
@@ -266,11 +272,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "atk":
         from .atk import cli as atk_cli
 
-        return atk_cli.run_cli(args, parser)
+        return atk_cli.run_cli(args, sub_parser)
     if args.command == "train":
         from . import train
 
-        return train.run_cli(args, parser)
+        return train.run_cli(args, sub_parser)
     parser.print_help()
     return 2
 

@@ -144,6 +144,8 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
             baselines = [b for b in (baselines if baselines is not None else REGISTRY)
                          if b in REGISTRY and REGISTRY[b].kind != "compile"]
+        if args.time_budget is not None and not args.time_budget >= 0:
+            parser.error(f"--time-budget must be >= 0 seconds, got {args.time_budget:g}")
         directions = tuple(d.strip() for d in args.direction.split(",") if d.strip())
         if any(d not in ("fwd", "fwd+bwd") for d in directions) or not directions:
             parser.error("--direction takes fwd, fwd+bwd or fwd,fwd+bwd")
@@ -172,8 +174,13 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for line in bad:
         con.print(f"FAIL {line}", markup=False)
     n_runs = len(report["accuracy"]) + len(report["determinism"])
-    con.print(f"{len(bad)} failure(s)" if bad else f"all {n_runs} checks passed"
-              + (f", {len(report['performance'])} measured rows" if report["performance"] else ""), markup=False)
+    not_run = len(report.get("not_run", []))
+    if not bad and not n_runs and not report["performance"] and not not_run:
+        con.print("nothing to run: no case / shape point / dtype matches the selection (see --list)", markup=False)
+        return 2
+    con.print((f"{len(bad)} failure(s)" if bad else f"all {n_runs} checks passed"
+               + (f", {len(report['performance'])} measured rows" if report["performance"] else ""))
+              + (f"; {not_run} run(s) not done (time budget)" if not_run else ""), markup=False)
     return 1 if bad else 0
 
 

@@ -19,8 +19,8 @@ DeepSeek-V4        mHC: hyper-connection (``rmsnorm_without_weight`` + ``sinkhor
                    ``mhc_pre_bmm``), the decoder layer's stream write-back (``mhc_post``), the final
                    hyper head; interleaved RoPE -> ``inplace_rope`` (on a copy: HF's function is
                    out of place); RMSNorms -> ``rms_norm``
-every ``*ForCausalLM``  with ``labels`` in training mode: the loss comes from ``chunk_loss`` (fused
-                   LM head + cross-entropy; ``logits`` is then ``None``), MoE auxiliary loss kept
+the ``*ForCausalLM``  with ``labels`` in training mode: the loss comes from ``chunk_loss`` (fused
+of these families  LM head + cross-entropy; ``logits`` is then ``None``), MoE auxiliary loss kept
 =================  ===========================================================================
 
 Module-level HF functions (``torch_chunk_gated_delta_rule`` etc.) are replaced once by a dispatcher
@@ -45,6 +45,7 @@ import importlib
 import importlib.util
 import sys
 import types
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
@@ -410,16 +411,22 @@ def apply(model: nn.Module, *, families: Optional[Iterable[str]] = None, **optio
 
     Args:
         model: any ``nn.Module``; submodules of the families in :data:`FAMILIES` are patched.
-        families: restrict to these family names (default: all).
+        families: restrict to these family names (a name or a list of names; default: all).
         **options: turn pieces off, each ``True`` by default: ``gdn``, ``kda``, ``conv``, ``gated_norm``,
             ``rms_norm``, ``swiglu``, ``mhc``, ``rope``, ``loss`` (the ``chunk_loss`` head).
 
     Returns:
-        an :class:`ApplyReport` (what was swapped, what stays HF's and why). Applying twice is harmless.
+        an :class:`ApplyReport` (what was swapped, what stays HF's and why; falsy, with a
+        ``UserWarning``, when the model has no module of these families). Applying twice is harmless.
 
     Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
         ValueError: an unknown option or family name.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"apply: model must be a torch.nn.Module (a transformers model), got {type(model).__name__}")
+    if isinstance(families, str):
+        families = [families]
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ValueError(f"apply: unknown option(s) {unknown}; known: {', '.join(OPTIONS)}")
@@ -428,17 +435,24 @@ def apply(model: nn.Module, *, families: Optional[Iterable[str]] = None, **optio
         raise ValueError(f"apply: unknown family {sorted(fams - set(FAMILIES))}; known: {', '.join(FAMILIES)}")
     opts = {o for o in OPTIONS if options.get(o, True)}
     report = ApplyReport()
+    found = False
     for m in model.modules():
         fam = _family_of(m)
         if fam in fams:
+            found = True
             _patch_module(m, fam, opts, report)
-    if not report.swapped:
+    if not found:
         report.skip(f"no module of the families {sorted(fams)} found in {type(model).__name__}")
+        warnings.warn(f"mindspeed_ops apply: nothing swapped in {type(model).__name__}: it has no module of the "
+                      f"supported families ({', '.join(sorted(fams))}) of the installed transformers",
+                      UserWarning, stacklevel=2)
     return report
 
 
 def revert(model: nn.Module) -> int:
-    """Undo :func:`apply` on ``model``; returns the number of modules restored."""
+    """Undo :func:`apply` on ``model``; returns the number of modules restored (0 when nothing was patched)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"revert: model must be a torch.nn.Module, got {type(model).__name__}")
     n = 0
     for m in model.modules():
         names = m.__dict__.pop(_PATCHED_ATTR, None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 #: named sizes; explicit flags override them. "cpu": the README main job (minutes on 2 cores).
@@ -116,9 +117,29 @@ def run_cli(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser] 
             parser.error(msg)
         raise SystemExit(msg)
     _prepare_backend(device, args.backend)
-    from .loop import run  # imports the operators
+    from .loop import resolve, run  # imports the operators
 
+    try:
+        if args.compare and args.resume:
+            raise ValueError("--compare and --resume cannot be combined (the comparison needs two full runs)")
+        resolve(args, device)  # bad flags: a usage error (exit code 2) before any data is read
+        if args.out:
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            if not os.access(out, os.W_OK):
+                raise ValueError(f"--out {args.out}: directory is not writable")
+    except OSError as e:
+        _usage_error(parser, f"--out {args.out}: {e.strerror or e}")
+    except (ValueError, RuntimeError) as e:
+        _usage_error(parser, str(e))
     return run(args, device)
+
+
+def _usage_error(parser: Optional[argparse.ArgumentParser], msg: str) -> None:
+    if parser is not None:
+        parser.error(msg)  # exits with code 2
+    print(f"train: error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -79,12 +79,39 @@ def resolve(args: argparse.Namespace, device: str) -> tuple[HybridConfig, RunSet
     out = Path(args.out) if args.out else None
     settings = RunSettings(device=device, backend=args.backend, dtype=dtype, seed=args.seed, out=out,
                            resume=args.resume, ckpt_every=args.ckpt_every, **run)
-    for name in ("steps", "batch_size", "seq_len"):
-        if getattr(settings, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(settings, name)}")
-    if settings.seq_len > cfg.max_seq_len:
-        raise SystemExit(f"--seq-len must be <= {cfg.max_seq_len}, got {settings.seq_len}")
+    validate(cfg, settings, data_mb=getattr(args, "data_mb", None))
     return cfg, settings
+
+
+def validate(cfg: HybridConfig, s: RunSettings, data_mb: Optional[float] = None) -> None:
+    """Check the flags before anything is trained: raises ``ValueError`` (naming the flag) for a bad value
+    and ``ValueError``/``RuntimeError`` from the model constructor (built on the meta device: no memory)
+    for sizes the model does not accept."""
+    for name in ("steps", "batch_size", "seq_len"):
+        if getattr(s, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
+    if s.seq_len > cfg.max_seq_len:
+        raise ValueError(f"--seq-len must be <= {cfg.max_seq_len}, got {s.seq_len}")
+    if not (math.isfinite(s.lr) and s.lr > 0):
+        raise ValueError(f"--lr must be a positive number, got {s.lr}")
+    for name in ("warmup", "ckpt_every", "log_every"):
+        if getattr(s, name) is not None and getattr(s, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(s, name)}")
+    if s.threads is not None and s.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {s.threads}")
+    if data_mb is not None and not data_mb > 0:
+        raise ValueError(f"--data-mb must be > 0, got {data_mb}")
+    if cfg.sinkhorn_iters < 1:
+        raise ValueError(f"--sinkhorn-iters must be >= 1, got {cfg.sinkhorn_iters}")
+    for name in ("d_model", "lin_heads", "lin_v_heads", "lin_head_dim", "attn_heads", "attn_head_dim",
+                 "experts", "expert_ffn"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    import warnings
+
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        HybridLM(cfg)  # the constructor's own checks (layers, top_k, rope_dim, hc_mult, kda=on)
 
 
 def lr_at(step: int, s: RunSettings) -> float:
@@ -182,8 +209,13 @@ def train(cfg: HybridConfig, s: RunSettings, corpus: ByteCorpus, console=None, p
         if s.resume and ckpt is not None and ckpt.exists():
             start = load_checkpoint(ckpt, model, opt, cfg, s, result)
             result.resumed_from = start
+            if start > s.steps:
+                raise SystemExit(f"--resume: {ckpt} is already at step {start}, beyond --steps {s.steps} (--steps is "
+                                 f"the total step count: pass --steps > {start} to train further)")
             if console is not None:
-                console.print(f"resumed from {ckpt} at step {start}")
+                console.print(f"resumed from {ckpt} at step {start}" + (
+                    f"; nothing to train (--steps {s.steps} is the total step count: pass a larger --steps to "
+                    "continue)" if start == s.steps else ""))
         if s.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         tokens = s.batch_size * s.seq_len
@@ -334,7 +366,7 @@ def run(args: argparse.Namespace, device: str) -> int:
 
     main = runs[0]
     t = Table(title="train_hybrid")
-    for col in ("run", "backend", "params", "first loss", "last loss", "val loss", "bits/byte", "tok/s", "peak mem"):
+    for col in ("run", "backend", "params", "first loss", "last-10 loss", "val loss", "bits/byte", "tok/s", "peak mem"):
         t.add_column(col, justify="left" if col in ("run", "backend") else "right")
     for label, r in zip(("main", "reference"), runs):
         first = r.losses[0] if r.losses else float("nan")
@@ -371,5 +403,6 @@ def run(args: argparse.Namespace, device: str) -> int:
     return 0
 
 
-__all__ = ["RunSettings", "RunResult", "resolve", "lr_at", "make_model", "train", "evaluate", "compare_stats", "plot",
+__all__ = ["RunSettings", "RunResult", "resolve", "validate", "lr_at", "make_model", "train", "evaluate", "compare_stats",
+           "plot",
            "save_checkpoint", "load_checkpoint", "run"]
