@@ -243,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cc = sub.add_parser("compile-check", help="compile every Triton kernel/config for sm_80/sm_90 without a GPU")
     compile_check.build_parser(cc)
+    cc.set_defaults(command_parser=cc)
     from .atk import cli as atk_cli  # no kernel imports at its top either
 
     a = atk_cli.build_parser(sub.add_parser("atk", help="accuracy/performance/memory/determinism harness "
@@ -268,7 +269,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "compile-check":
         from . import compile_check
 
-        return compile_check.run_cli(args)
+        return compile_check.run_cli(args, sub_parser)
     if args.command == "atk":
         from .atk import cli as atk_cli
 

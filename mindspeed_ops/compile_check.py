@@ -1276,16 +1276,32 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     return p
 
 
-def run_cli(args: argparse.Namespace) -> int:
-    """Run ``compile-check`` from parsed arguments; returns the exit code (1 if anything failed)."""
+def run_cli(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser] = None) -> int:
+    """Run ``compile-check`` from parsed arguments; returns the exit code (1 if anything failed). Bad
+    arguments are usage errors (``parser.error``: exit code 2) when ``parser`` is given."""
+    def usage(msg: str):
+        if parser is not None:
+            parser.error(msg)
+        raise SystemExit(f"compile-check: {msg}")
+
     shapes = ["small"] if args.no_real else args.shapes
     bad = [d for d in args.dtypes if d not in RECORD_DTYPES]
     if bad:
-        raise SystemExit(f"compile-check: --dtypes accepts {', '.join(RECORD_DTYPES)} (bf16 launches are derived "
-                         f"from fp16 ones), got {', '.join(bad)}")
+        usage(f"--dtypes accepts {', '.join(RECORD_DTYPES)} (bf16 launches are derived from fp16 ones), "
+              f"got {', '.join(bad)}")
     bad = [s for s in shapes if s not in SHAPES]
     if bad:
-        raise SystemExit(f"compile-check: --shapes accepts {', '.join(SHAPES)}, got {', '.join(bad)}")
+        usage(f"--shapes accepts {', '.join(SHAPES)}, got {', '.join(bad)}")
+    bad = [a for a in args.arch if a not in SHARED_LIMIT]
+    if bad:
+        usage(f"--arch accepts {', '.join(map(str, sorted(SHARED_LIMIT)))}, got {', '.join(map(str, bad))}")
+    if args.ops:
+        from .checks import all_cases
+
+        known = {c.op for c in all_cases()}
+        unknown = [o for o in args.ops if o not in known]
+        if unknown:
+            usage(f"--ops: no check cases for {', '.join(unknown)}; ops with cases: {', '.join(sorted(known))}")
     if args.record_only:
         rec = record_launches(args.ops, dtypes=args.dtypes, shapes=shapes, bf16=not args.no_bf16,
                               real_input_budget=args.real_input_budget)

@@ -80,3 +80,14 @@ def test_usage_errors_show_the_subcommand(capsys):
     assert "usage: mindspeed-ops check" in err and "no_such_op" in err
     err = _usage_error(["atk", "--ops", "no_such_op", "--list"], capsys)
     assert "usage: mindspeed-ops atk" in err and "no_such_op" in err
+
+
+@pytest.mark.parametrize("argv", [["--ops", "bogus"], ["--dtypes", "bf16"], ["--arch", "75"], ["--shapes", "huge"]])
+def test_compile_check_bad_arguments_are_usage_errors(argv, capsys):
+    """compile-check's bad arguments exit 2 with the sub-command's usage, before recording anything."""
+    from mindspeed_ops import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["compile-check", *argv])
+    assert e.value.code == 2
+    assert "mindspeed-ops compile-check" in capsys.readouterr().err
