@@ -13,7 +13,10 @@ from ...varlen import build_chunk_indices
 
 def use_triton(device: torch.device) -> bool:
     """Stage kernels are plain functions (not registered ops): Triton where it can run (CUDA, or
-    CPU under ``TRITON_INTERPRET=1``), the pure-PyTorch reference otherwise."""
+    CPU under ``TRITON_INTERPRET=1``), the pure-PyTorch reference otherwise or when the reference
+    is requested for every op (``use_backend('reference')`` or ``MINDSPEED_OPS_BACKEND=reference``)."""
+    if backends._requested("")[0] == "reference":  # a global request ("" matches no op-specific one)
+        return False
     return backends.backend_status("triton", device)[0]
 
 

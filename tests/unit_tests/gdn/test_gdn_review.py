@@ -129,3 +129,21 @@ def test_compile_sizes_change_and_varlen(dynamic):
             res.append([loss.detach()] + [t.grad for t in ls])
         for a, b in zip(*res):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_stage_functions_follow_a_global_reference_request(monkeypatch):
+    """use_backend('reference') and MINDSPEED_OPS_BACKEND=reference also route the stage functions to
+    their float references (they are plain functions, not registered ops)."""
+    from mindspeed_ops import backends
+    from mindspeed_ops.api.triton.chunk_local_cumsum import chunk_local_cumsum
+    from mindspeed_ops.ops.gdn import common, reference as gref
+
+    g = torch.nn.functional.logsigmoid(torch.randn(1, 40, 2))
+    want = gref.chunk_local_cumsum_ref(g.double(), 16).float()
+    with backends.use_backend("reference"):
+        assert not common.use_triton(g.device)
+        torch.testing.assert_close(chunk_local_cumsum(g, 16), want)
+    monkeypatch.setenv(backends.ENV_BACKEND, "reference")
+    assert not common.use_triton(g.device)
+    monkeypatch.delenv(backends.ENV_BACKEND)
+    assert common.use_triton(g.device) == backends.backend_status("triton", g.device)[0]
