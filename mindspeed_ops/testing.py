@@ -221,3 +221,18 @@ def to_ref(*tensors: Optional[torch.Tensor], requires_grad: bool = False) -> lis
 
 __all__ = ["THRESHOLDS", "ERR_ATOL", "threshold", "err_atol", "Comparison", "rel_rms", "compare", "assert_close",
            "generator", "randn", "uniform", "non_contiguous", "poison", "snapshot", "assert_unchanged", "to_ref"]
+
+
+def assert_compiled_matches_eager(fn, compiled, calls, rtol: float = 1e-5, atol: float = 1e-5) -> None:
+    """For each ``(tensors, *extra)`` in ``calls``: the scalar loss ``fn(*leaves, *extra)`` and the
+    gradients of every tensor leaf agree between ``compiled`` (e.g. ``torch.compile(fn)``) and eager
+    ``fn`` (fresh leaf copies for each run)."""
+    for tensors, *extra in calls:
+        res = []
+        for f in (compiled, fn):
+            leaves = [t.detach().clone().requires_grad_(True) for t in tensors]
+            loss = f(*leaves, *extra)
+            loss.backward()
+            res.append([loss.detach()] + [t.grad for t in leaves])
+        for a, b in zip(*res):
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol)

@@ -16,6 +16,7 @@ from mindspeed_ops.api.triton.chunk_scaled_dot_kkt import chunk_scaled_dot_kkt_f
 from mindspeed_ops.api.triton.solve_tril import solve_tril
 from mindspeed_ops.api.triton.utils import prepare_chunk_indices
 from mindspeed_ops.api.triton.wy_fast import prepare_wy_repr_bwd, recompute_w_u_fwd
+from mindspeed_ops.testing import assert_compiled_matches_eager
 from tests.conftest import DEVICE
 
 BT = 32
@@ -118,17 +119,9 @@ def test_compile_sizes_change_and_varlen(dynamic):
         return o.pow(2).sum() + fs.sum()
     cf = torch.compile(fn, fullgraph=True, dynamic=dynamic)
     calls = [(dict(B=1, T=20), None), (dict(B=2, T=27), None), (dict(B=1, T=30, N=3), [0, 7, 7, 30])]
-    for shape, cu in calls:
-        ins = _inputs(**shape, K=16, V=8)
-        cut = None if cu is None else torch.tensor(cu, device=DEVICE)
-        res = []
-        for f in (cf, fn):
-            ls = [t.clone().requires_grad_(True) for t in ins]
-            loss = f(*ls, cut)
-            loss.backward()
-            res.append([loss.detach()] + [t.grad for t in ls])
-        for a, b in zip(*res):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert_compiled_matches_eager(fn, cf, [(_inputs(**shape, K=16, V=8),
+                                            None if cu is None else torch.tensor(cu, device=DEVICE))
+                                           for shape, cu in calls])
 
 
 def test_stage_functions_follow_a_global_reference_request(monkeypatch):
