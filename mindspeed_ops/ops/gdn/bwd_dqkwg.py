@@ -125,7 +125,7 @@ def forward(q, k, v, do, h, dh, g, dv, w, scale, cu_host, cu_seqlens, chunk_size
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
     dev = q.device
-    NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices)
+    NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, dev)
     qq, kk, vv, oo, hh, dhh = (unit_last_stride(tu.kernel_input(t)) for t in (q, k, v, do, h, dh))
     gg, uu = (unit_last_stride(tu.kernel_input(t)) for t in (g, dv))
     has_dw = w is not None and dv is not None
@@ -145,8 +145,6 @@ def forward(q, k, v, do, h, dh, g, dv, w, scale, cu_host, cu_seqlens, chunk_size
         if dg_part is not None:
             dg_part[:, :, end:].zero_()
     if NT and B and H and K:
-        if idx is not None:
-            cu, idx = cu.to(dev), idx.to(dev)
         dummy = qq
         z3 = (0, 0, 0)
         grid = (NT * B * H * NKB * 2,)

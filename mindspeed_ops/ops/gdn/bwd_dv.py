@@ -121,14 +121,12 @@ def forward(q, k, do, g, scale, cu_host, cu_seqlens, chunk_size, chunk_indices=N
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
     BT = chunk_size
-    NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices)
+    NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, do.device)
     qq, kk, oo, gg = (unit_last_stride(tu.kernel_input(t)) for t in (q, k, do, g))
     dv = torch.empty(B, T, HV, V, dtype=tu.kernel_dtype(do.dtype), device=do.device)
     if cu_host is not None and cu_host[-1] < T:
         dv[:, cu_host[-1]:].zero_()  # tail tokens
     if NT and B and HV and V:
-        if idx is not None:
-            cu, idx = cu.to(do.device), idx.to(do.device)
         dummy = qq
         grid = lambda meta: (NT * B * HV * tu.cdiv(V, meta["BV"]),)  # noqa: E731
         _kernel()[grid](

@@ -21,10 +21,11 @@ def use_triton(device: torch.device) -> bool:
 
 
 def chunk_table(op: str, cu_host: Optional[list], cu_seqlens: Optional[torch.Tensor], B: int, T: int, BT: int,
-                chunk_indices: Optional[torch.Tensor]) -> tuple[int, Optional[torch.Tensor], Optional[torch.Tensor]]:
+                chunk_indices: Optional[torch.Tensor], device: Optional[torch.device] = None
+                ) -> tuple[int, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """``(NT, cu_seqlens for the kernel, chunk_indices for the kernel)``: fixed length ``NT = ceil(T/BT)``
     per batch row; varlen ``NT = Σ ceil(L_n/BT)`` and the ``[NT, 2]`` table (built if not supplied;
-    a supplied one is trusted, SPEC 0.3, after a shape check)."""
+    a supplied one is trusted, SPEC 0.3, after a shape check), both on ``device`` when given."""
     if cu_host is None:
         return (T + BT - 1) // BT, None, None
     nt = sum((b - a + BT - 1) // BT for a, b in zip(cu_host, cu_host[1:]))
@@ -35,7 +36,10 @@ def chunk_table(op: str, cu_host: Optional[list], cu_seqlens: Optional[torch.Ten
         if tuple(chunk_indices.shape) != (nt, 2):
             raise ValueError(f"{op}: chunk_indices must have shape [NT, 2] = [{nt}, 2] for chunk_size {BT}, "
                              f"got {shape_str(chunk_indices.shape)}")
-    return nt, cu_seqlens.contiguous(), chunk_indices.contiguous()  # the kernels index both as flat arrays
+    cu, idx = cu_seqlens.contiguous(), chunk_indices.contiguous()  # the kernels index both as flat arrays
+    if device is not None:  # for a launch: on the kernel's device, queued without draining the stream
+        cu, idx = tu.host_to_device(cu, device), tu.host_to_device(idx, device)
+    return nt, cu, idx
 
 
 def device_tables(cu_host: Optional[list], BT: int, device: torch.device):

@@ -94,11 +94,9 @@ def forward(g: torch.Tensor, chunk_size: int, reverse: bool, scale: Optional[flo
     if cu_host is not None and cu_host[-1] < T:
         out[:, cu_host[-1]:].zero_()  # tail tokens take part in nothing
     BT = chunk_size
-    NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices)
+    NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, g.device)
     C = HV * KD
     if NT and B and C:
-        if idx is not None:
-            cu, idx = cu.to(g.device), idx.to(g.device)
         sx = list(x.stride()) + ([0] if KD == 1 and g.dim() == 3 else [])
         so = list(out.stride()) + ([0] if g.dim() == 3 else [])
         BC = _tiles(BT, C)

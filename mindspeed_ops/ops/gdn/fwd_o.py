@@ -109,15 +109,13 @@ def forward(q, k, v, h, g, scale, cu_host, cu_seqlens, chunk_size, chunk_indices
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
-    NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices)
+    NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, v.device)
     qq, kk, vv, gg = (kernel_view(t, BT) for t in (q, k, v, g))
     hh = unit_last_stride(tu.kernel_input(h))
     o = torch.empty(B, T, HV, V, dtype=tu.kernel_dtype(v.dtype), device=v.device)
     if cu_host is not None and cu_host[-1] < T:
         o[:, cu_host[-1]:].zero_()  # tail tokens
     if NT and B and HV and V:
-        if idx is not None:
-            cu, idx = cu.to(v.device), idx.to(v.device)
         BK = max(16, min(64, tu.next_power_of_2(K)))
         dummy = qq
         grid = lambda meta: (NT * B * HV * tu.cdiv(V, meta["BV"]),)  # noqa: E731

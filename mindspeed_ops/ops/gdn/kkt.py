@@ -117,10 +117,8 @@ def forward(k: torch.Tensor, g: Optional[torch.Tensor], gk: Optional[torch.Tenso
     out = torch.empty(B, T, HV, BT, dtype=tu.kernel_dtype(out_dtype), device=k.device)
     if cu_host is not None and cu_host[-1] < T:
         out[:, cu_host[-1]:].zero_()  # tail rows
-    NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices)
+    NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, k.device)
     if NT and B and HV and K:
-        if idx is not None:
-            cu, idx = tu.host_to_device(cu, k.device), tu.host_to_device(idx, k.device)
         dummy = kx
         sb = bx.stride() if bx is not None else (0, 0, 0)
         BK, nw, ns = kkt_config(BT, K, kx.dtype, gk is not None)

@@ -73,10 +73,8 @@ def forward(A: torch.Tensor, cu_host: Optional[list], cu_seqlens: Optional[torch
     out = torch.empty(A.shape, dtype=tu.kernel_dtype(out_dtype), device=A.device)
     if cu_host is not None and cu_host[-1] < T:
         out[:, cu_host[-1]:].zero_()  # tail rows
-    NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices)
+    NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, A.device)
     if NT and B and HV:
-        if idx is not None:
-            cu, idx = cu.to(A.device), idx.to(A.device)
         grid = (NT * B * HV,)
         solve_tril_kernel[grid](
             x, out, cu if cu is not None else x, idx if idx is not None else x, T, B * HV, HV,

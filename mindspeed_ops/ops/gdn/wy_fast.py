@@ -157,10 +157,8 @@ def forward(k, v, beta, A, g, gk, cu_host, cu_seqlens, chunk_indices=None):
     u = torch.empty(B, T, HV, V, dtype=tu.kernel_dtype(v.dtype), device=k.device)
     _zero_tail(w, cu_host)
     _zero_tail(u, cu_host)
-    NT, cu, idx = chunk_table(FWD, cu_host, cu_seqlens, B, T, BT, chunk_indices)
+    NT, cu, idx = chunk_table(FWD, cu_host, cu_seqlens, B, T, BT, chunk_indices, k.device)
     if NT and B and HV and (K or V):
-        if idx is not None:
-            cu, idx = tu.host_to_device(cu, k.device), tu.host_to_device(idx, k.device)
         BK, BV, nw, ns = fwd_config(BT, K, V, kx.dtype)
         sg = (0, 0, 0, 0) if gx is None else (tuple(gx.stride()) + ((0,) if gx.dim() == 3 else ()))
         wy_fwd_kernel[(NT * B * HV,)](
@@ -231,10 +229,8 @@ def backward(k, v, g, beta, A, dw, du, cu_host, cu_seqlens, chunk_indices=None):
     for t in (dk_v, dv, dbeta, dg):
         if t is not None:
             _zero_tail(t, cu_host)
-    NT, cu, idx = chunk_table(BWD, cu_host, cu_seqlens, B, T, BT, chunk_indices)
+    NT, cu, idx = chunk_table(BWD, cu_host, cu_seqlens, B, T, BT, chunk_indices, k.device)
     if NT and B and HV:
-        if idx is not None:
-            cu, idx = tu.host_to_device(cu, k.device), tu.host_to_device(idx, k.device)
         BK, BV, nw, ns = bwd_config(BT, K, V, kx.dtype)
         wy_bwd_kernel[(NT * B * HV,)](
             kx, vx, gx if gx is not None else kx, bx, ax, dwx, dux, dk_v, dv, dbeta, dg if dg is not None else dbeta,

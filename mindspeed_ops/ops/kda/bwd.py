@@ -33,13 +33,6 @@ def _zero_tail(cu_host: Optional[list], T: int, *tensors: Optional[torch.Tensor]
                 t[:, cu_host[-1]:].zero_()  # tail tokens take part in nothing
 
 
-def _table(op, cu_host, cu_seqlens, B, T, BT, chunk_indices, device):
-    NT, cu, idx = chunk_table(op, cu_host, cu_seqlens, B, T, BT, chunk_indices)
-    if idx is not None:
-        cu, idx = tu.host_to_device(cu, device), tu.host_to_device(idx, device)
-    return NT, cu, idx
-
-
 def _block_k(K: int, cap: int) -> int:
     """Tile of a head dim: a power of two in [16, cap]. The caps and warps of the launches below are the
     largest that compile without register spills on sm_90 at K = V = 128 (compile-only check)."""
@@ -68,7 +61,7 @@ def dav_forward(v_new, do, Aqk, scale: float, cu_host, cu_seqlens, chunk_indices
     dA = torch.empty(B, T, HV, BT, dtype=torch.float32, device=dev)
     dv = torch.empty(B, T, HV, V, dtype=tu.kernel_dtype(do.dtype), device=dev)
     _zero_tail(cu_host, T, dA, dv)
-    NT, cu, idx = _table(DAV_OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, dev)
+    NT, cu, idx = chunk_table(DAV_OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, dev)
     if NT and B and HV:
         dummy = dd
         kda_bwd_dav_kernel[(NT * B * HV,)](
@@ -132,7 +125,7 @@ def wy_dqkg_forward(q, k, v, v_new, g, beta, A, h, do, dh, dv, scale: float, cu_
     db = torch.empty(B, T, HV, dtype=torch.float32, device=dev)
     dA = torch.empty(B, T, HV, BT, dtype=torch.float32, device=dev)
     _zero_tail(cu_host, T, dq, dk, dg, dvo, db, dA)
-    NT, cu, idx = _table(WY_OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, dev)
+    NT, cu, idx = chunk_table(WY_OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, dev)
     if NT and B and HV:
         dummy = qq
         wide = BT == 64 and kk.dtype != torch.float32     # 64-wide V tiles with 8 warps, else 32-wide
@@ -221,7 +214,7 @@ def intra_bwd_forward(q, k, gk, beta, dAq, dAm, dq, dk, dg, db, cu_host, cu_seql
     qq, kk, gg = (unit_last_stride(tu.kernel_input(t)) for t in (q, k, gk))
     bb = tu.kernel_input(beta)
     assert dAq.stride() == dAm.stride() and dq.stride() == dk.stride() == dg.stride()
-    NT, cu, idx = _table(INTRA_OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, dev)
+    NT, cu, idx = chunk_table(INTRA_OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, dev)
     if NT and B and HV and K:
         dummy = qq
         kda_bwd_intra_kernel[(NT * B * HV,)](

@@ -46,10 +46,8 @@ def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float
         for t in (A, qg, kg):
             if t is not None:
                 t[:, cu_host[-1]:].zero_()  # tail rows take part in nothing
-    NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices)
+    NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, dev)
     if NT and B and HV and (store_a or K):
-        if idx is not None:
-            cu, idx = cu.to(dev), idx.to(dev)
         dummy = kk
         z3 = (0, 0, 0)
         kda_aqk_fwd_kernel[(NT * B * HV,)](
