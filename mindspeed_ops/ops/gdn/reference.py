@@ -122,6 +122,13 @@ def recurrent_gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Te
         for float64 inputs, fp32 otherwise; ``final_state`` is fp32 (float64 for float64 inputs).
         Tail tokens (positions >= cu_seqlens[-1]) give 0.
     """
+    return _recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                      cu_seqlens)
+
+
+def _recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens):
+    """The token loop of both oracles: ``g[b, t]`` is ``[HV]`` (GDN, one decay per head) or ``[HV, K]``
+    (KDA, one per key channel: row ``d`` of ``S`` scaled by ``e^{g_t,d}``)."""
     B, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     out_dtype, cd, q, k, v, g, beta, scale, o = _setup(q, k, v, g, beta, scale, use_qk_l2norm_in_kernel,
@@ -131,7 +138,7 @@ def recurrent_gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Te
         S = _state0(initial_state, n, HV, K, V, cd, v.device)
         outs = []
         for t in range(bos, eos):
-            S = torch.exp(g[b, t])[:, None, None] * S
+            S = torch.exp(g[b, t]).reshape(HV, -1, 1) * S
             e = v[b, t] - torch.einsum("hkv,hk->hv", S, k[b, t])
             S = S + beta[b, t][:, None, None] * k[b, t][:, :, None] * e[:, None, :]
             outs.append(scale * torch.einsum("hkv,hk->hv", S, q[b, t]))

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from ..common import autograd_recording
-from ..gdn.reference import _cdtype, _expand_heads, _finish, _sequences, _setup, _state0, solve_tril_ref
+from ..gdn.reference import _cdtype, _expand_heads, _finish, _recurrent, _sequences, _setup, _state0, solve_tril_ref
 from ..gdn.reference_bwd import _fold_heads, _heads, _last, _out, _seq_chunks, _unheads
 from ..gdn.reference_wy import chunk_scaled_dot_kkt_fwd_ref, recompute_w_u_fwd_ref
 
@@ -76,25 +76,8 @@ def recurrent_kda_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Opti
         ``(o [B,T,HV,V] in q.dtype, final_state [N,HV,K,V] fp32 or None)``; float64 for float64
         inputs. Tail tokens (positions >= cu_seqlens[-1]) give 0.
     """
-    B, T, _, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    g = _gate(g, v, K)
-    out_dtype, cd, q, k, v, g, beta, scale, o = _setup(q, k, v, g, beta, scale, use_qk_l2norm_in_kernel,
-                                                       initial_state, cu_seqlens)
-    finals = []
-    for n, (b, bos, eos) in enumerate(_sequences(B, T, cu_seqlens)):
-        S = _state0(initial_state, n, HV, K, V, cd, v.device)
-        outs = []
-        for t in range(bos, eos):
-            S = torch.exp(g[b, t])[..., None] * S                               # row d scaled by e^{g_t,d}
-            e = v[b, t] - torch.einsum("hkv,hk->hv", S, k[b, t])
-            S = S + beta[b, t][:, None, None] * k[b, t][:, :, None] * e[:, None, :]
-            outs.append(scale * torch.einsum("hkv,hk->hv", S, q[b, t]))
-        if outs:
-            rows = (torch.tensor([b], device=v.device), torch.arange(bos, eos, device=v.device))
-            o = o.index_put(rows, torch.stack(outs))
-        finals.append(S)
-    return _finish(o, finals, cd, out_dtype, output_final_state)
+    return _recurrent(q, k, v, _gate(g, v, q.shape[3]), beta, scale, initial_state, output_final_state,
+                      use_qk_l2norm_in_kernel, cu_seqlens)
 
 
 # ------------------------------------------------------------------------------------------------
