@@ -236,3 +236,14 @@ def assert_compiled_matches_eager(fn, compiled, calls, rtol: float = 1e-5, atol:
             res.append([loss.detach()] + [t.grad for t in leaves])
         for a, b in zip(*res):
             torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+
+
+def dirty_tail(t: Optional[torch.Tensor], end: int) -> Optional[torch.Tensor]:
+    """A copy of ``t`` (``[B, T, ...]``) with NaN and huge finite values at token positions ``>= end``
+    (the tail past ``cu_seqlens[-1]``, which a varlen kernel must never read); None stays None."""
+    if t is None:
+        return None
+    t = t.clone()
+    t[:, end:] = float("nan")
+    t[:, end::2] = 3e4 if t.dtype == torch.float16 else 1e30
+    return t

@@ -11,7 +11,8 @@ import mindspeed_ops
 from mindspeed_ops.api.triton.fused_recurrent_gated_delta_rule import fused_recurrent_gated_delta_rule
 from mindspeed_ops.ops.gdn import fused_recurrent as fr_mod
 from mindspeed_ops.ops.gdn import reference as ref
-from mindspeed_ops.testing import assert_close, assert_unchanged, non_contiguous, snapshot, threshold, to_ref
+from mindspeed_ops.testing import (assert_close, assert_unchanged, dirty_tail, non_contiguous, snapshot, threshold,
+                                   to_ref)
 from tests.conftest import DEVICE, DTYPES
 
 fr = fused_recurrent_gated_delta_rule
@@ -78,12 +79,6 @@ def test_head_dims_gates_and_states(dtype, poisoned):
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])          # g=None equals g = zeros
 
 
-def _dirty_tail(t, end):
-    t = t.clone()
-    t[:, end:] = float("nan")
-    return t
-
-
 def test_varlen_length_one_sequences_with_tail(poisoned):
     """Many length-1 sequences (the [gpu] case has 2100 with HV = 32) and zero-length ones; tail tokens
     are never read."""
@@ -91,7 +86,7 @@ def test_varlen_length_one_sequences_with_tail(poisoned):
     T = cu[-1] + 4
     q, k, v, g, beta, h0 = make(1, T, 1, 2, 16, 16, torch.float32, N=len(cu) - 1, seed=6)
     clean = check(q, k, v, g, beta, h0, cu=cu)
-    dirty = fr(*(_dirty_tail(t, cu[-1]) for t in (q, k, v, g, beta)), initial_state=h0, output_final_state=True,
+    dirty = fr(*(dirty_tail(t, cu[-1]) for t in (q, k, v, g, beta)), initial_state=h0, output_final_state=True,
                cu_seqlens=torch.tensor(cu, device=DEVICE))
     assert torch.equal(clean[0], dirty[0]) and torch.equal(clean[1], dirty[1])
     assert torch.equal(clean[1][25], h0[25])                            # zero-length: state passes through

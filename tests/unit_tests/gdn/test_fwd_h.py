@@ -7,7 +7,8 @@ import torch
 from mindspeed_ops.api.triton.chunk_gated_delta_rule_fwd_h import chunk_gated_delta_rule_fwd_h
 from mindspeed_ops.api.triton.utils import prepare_chunk_indices
 from mindspeed_ops.ops.gdn import reference_fwd as ref
-from mindspeed_ops.testing import assert_close, assert_unchanged, non_contiguous, snapshot, threshold, to_ref
+from mindspeed_ops.testing import (assert_close, assert_unchanged, dirty_tail, non_contiguous, snapshot, threshold,
+                                   to_ref)
 from tests.conftest import DEVICE, DTYPES
 
 SEG13 = [0, 31, 64, 65, 130, 200, 333, 390, 512, 600, 777, 800, 1000, 1024]
@@ -103,16 +104,6 @@ def test_strong_decay_finite(T, BT, poisoned):
         assert torch.isfinite(h).all() and torch.isfinite(vn).all() and torch.isfinite(fs).all()
 
 
-def _dirty_tail(t, end):
-    """A copy with huge values and NaN at token positions >= end (they must never be read)."""
-    if t is None:
-        return None
-    t = t.clone()
-    t[:, end:] = float("nan")
-    t[:, end::2] = 3e4 if t.dtype == torch.float16 else 1e30
-    return t
-
-
 @pytest.mark.parametrize("cu", [[0, 15], [0, 0, 40, 40, 97], [0, 1, 2, 67, 130, 131], SEG13[:5]])
 def test_varlen_with_tail(cu, poisoned):
     T = cu[-1] + 9
@@ -120,7 +111,7 @@ def test_varlen_with_tail(cu, poisoned):
         k, w, u, g, _, h0 = make(1, T, 1, 2, 32, 32, dtype, BT=32, cu=cu, seed=7)
         clean = check(k, w, u, g, h0=h0, BT=32, cu=cu)
         cu_t = torch.tensor(cu, device=DEVICE)
-        dirty = chunk_gated_delta_rule_fwd_h(*(_dirty_tail(t, cu[-1]) for t in (k, w, u, g)), initial_state=h0,
+        dirty = chunk_gated_delta_rule_fwd_h(*(dirty_tail(t, cu[-1]) for t in (k, w, u, g)), initial_state=h0,
                                              output_final_state=True, chunk_size=32, cu_seqlens=cu_t)
         for a, b in zip(clean, dirty):
             assert torch.equal(a, b), "tail tokens changed an output"

@@ -9,7 +9,8 @@ from mindspeed_ops.api.triton.chunk_gated_delta_rule_fwd_h import chunk_gated_de
 from mindspeed_ops.api.triton.utils import prepare_chunk_indices
 from mindspeed_ops.ops.gdn import reference as gref
 from mindspeed_ops.ops.gdn import reference_fwd as ref
-from mindspeed_ops.testing import assert_close, assert_unchanged, non_contiguous, snapshot, threshold, to_ref
+from mindspeed_ops.testing import (assert_close, assert_unchanged, dirty_tail, non_contiguous, snapshot, threshold,
+                                   to_ref)
 from tests.conftest import DEVICE, DTYPES
 
 SEG13 = [0, 31, 64, 65, 130, 200, 333, 390, 512, 600, 777, 800, 1000, 1024]
@@ -66,15 +67,6 @@ def test_no_gate_and_scale(poisoned):
     check(q, k, v, h, g, BT=32, scale=1.0)
 
 
-def _dirty_tail(t, end):
-    if t is None:
-        return None
-    t = t.clone()
-    t[:, end:] = float("nan")
-    t[:, end::2] = 3e4 if t.dtype == torch.float16 else 1e30
-    return t
-
-
 @pytest.mark.parametrize("cu", [[0, 15], [0, 0, 40, 40, 97], SEG13[:6]])
 def test_varlen_with_tail(cu, poisoned):
     T = cu[-1] + 7
@@ -82,7 +74,7 @@ def test_varlen_with_tail(cu, poisoned):
     for dtype in DTYPES:
         q, k, v, h, g = make(1, T, 1, 2, 32, 32, dtype, BT=32, cu=cu, seed=4)
         clean = check(q, k, v, h, g, BT=32, cu=cu)
-        dirty = chunk_fwd_o(*(_dirty_tail(t, cu[-1]) for t in (q, k, v)), h, _dirty_tail(g, cu[-1]),
+        dirty = chunk_fwd_o(*(dirty_tail(t, cu[-1]) for t in (q, k, v)), h, dirty_tail(g, cu[-1]),
                             cu_seqlens=cu_t, chunk_size=32)
         assert torch.equal(clean, dirty), "tail tokens changed an output"
     q, k, v, h, g = make(1, T, 1, 2, 16, 16, torch.float32, BT=16, cu=cu, seed=5)
