@@ -4,7 +4,8 @@
 # Peer libraries travel as wheels in .whl/ (carry it); the image has torch, triton, pytest, rich.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} MINDSPEED_OPS_FAILLOG=${MINDSPEED_OPS_FAILLOG:-$OUT/failures.txt}
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} MINDSPEED_OPS_FAILLOG=${MINDSPEED_OPS_FAILLOG:-$OUT/failures.txt} \
+  MINDSPEED_OPS_MEMLOG=${MINDSPEED_OPS_MEMLOG:-$OUT/peak_memory.txt}
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD || exit 1
@@ -21,13 +22,13 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 rc=0
 if [[ $what == tests || $what == all ]]; then
   # -v into the log: PASSED/FAILED lines arrive as tests finish, so a run cut short still names its failures
-  # [large] cases (> 2^31 elements, tens of GB each) run two at a time after the rest, which runs 8-wide
-  python3 -m pytest -v -p no:cacheprovider -n 8 --timeout 300 -rfE -m "not large" --junitxml="$OUT/junit.xml" \
+  # [large] cases (> 2^31 elements) and [bigmem] ones (tens of GB each) run two at a time after the rest, which runs 8-wide
+  python3 -m pytest -v -p no:cacheprovider -n 8 --timeout 300 -rfE -m "not large and not bigmem" --junitxml="$OUT/junit.xml" \
     "${@:-tests}" > "$OUT/pytest.log" 2>&1
   rc=$(( rc | $? ))
-  python3 -m pytest -v -p no:cacheprovider -n 2 --timeout 300 -rfE -m large --junitxml="$OUT/junit_large.xml" \
+  python3 -m pytest -v -p no:cacheprovider -n 2 --timeout 300 -rfE -m "large or bigmem" --junitxml="$OUT/junit_large.xml" \
     "${@:-tests}" >> "$OUT/pytest.log" 2>&1
-  r=$?; (( r == 5 )) || rc=$(( rc | r ))  # 5: no [large] case among the selected tests
+  r=$?; (( r == 5 )) || rc=$(( rc | r ))  # 5: no [large]/[bigmem] case among the selected tests
   grep -E "^(FAILED|ERROR)|(FAILED|ERROR) tests/" "$OUT/pytest.log" | sort -u | head -60
   grep -E "^=+ .*(passed|failed|error)" "$OUT/pytest.log"
 fi

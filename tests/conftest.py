@@ -22,12 +22,28 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16] \
 
 
 def pytest_collection_modifyitems(config, items):
+    _deselect_passed(config, items)
     if ON_GPU:
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (gpu/large marker)")
     for item in items:
-        if "gpu" in item.keywords or "large" in item.keywords:
+        if "gpu" in item.keywords or "large" in item.keywords or "bigmem" in item.keywords:
             item.add_marker(skip)
+
+
+def _deselect_passed(config, items):
+    """``MINDSPEED_OPS_RESUME=log``: leave out the cases a previous ``pytest -v`` log shows PASSED (resumes a
+    device run that its time limit cut short)."""
+    path = os.environ.get("MINDSPEED_OPS_RESUME")
+    if not path:
+        return
+    import re
+
+    with open(path) as f:
+        passed = set(re.findall(r"PASSED (\S+)", f.read()))
+    keep = [it for it in items if it.nodeid not in passed]
+    config.hook.pytest_deselected(items=[it for it in items if it.nodeid in passed])
+    items[:] = keep
 
 
 @pytest.fixture
@@ -66,15 +82,27 @@ COMPILE_ONLY_MARKS = [
 
 
 @pytest.fixture(autouse=True)
-def _release_cuda_cache():
+def _release_cuda_cache(request):
     """Several xdist workers share one GPU: hand cached blocks back after every test so one worker's
     real-size case does not leave the others out of memory."""
+    if ON_GPU:
+        torch.cuda.reset_peak_memory_stats()
     yield
     if ON_GPU:
         import gc
 
+        _log_peak_memory(request.node.nodeid)
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def _log_peak_memory(nodeid: str):
+    """Cases whose peak exceeds 4 GiB go to $MINDSPEED_OPS_MEMLOG (so the ones needing ``bigmem`` can be found)."""
+    path = os.environ.get("MINDSPEED_OPS_MEMLOG")
+    peak = torch.cuda.max_memory_allocated()
+    if path and peak > 4 * 2**30:
+        with open(path, "a") as f:
+            f.write(f"{peak / 2**30:.1f} GiB {nodeid}\n")
 
 
 def pytest_runtest_logreport(report):

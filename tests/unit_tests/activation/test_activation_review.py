@@ -1,5 +1,6 @@
 """Review regressions for ``clipped_swiglu`` (SPEC 1.4): sizes around the 1,024-column tile, strided
 inputs and gradients, NaN propagation without a limit, dynamic-shape torch.compile."""
+import functools
 import math
 
 import pytest
@@ -7,7 +8,11 @@ import torch
 
 from mindspeed_ops import api
 from mindspeed_ops.ops.activation import reference as ref
-from mindspeed_ops.testing import assert_close, assert_unchanged, randn, snapshot
+from mindspeed_ops import testing
+from mindspeed_ops.testing import assert_close, assert_unchanged, snapshot
+from tests.conftest import DEVICE
+
+randn = functools.partial(testing.randn, device=DEVICE)  # the kernels, not the CPU path, on a GPU machine
 
 
 def _check(x, dy, **kw):

@@ -120,6 +120,7 @@ def test_conv1d_weight_layout():
     assert_close("vs nn.Conv1d", want.double(), y, "E-fwd")
 
 
+@pytest.mark.bigmem
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16])
 def test_real_size_bf16(dtype):

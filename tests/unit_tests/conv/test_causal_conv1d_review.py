@@ -5,6 +5,7 @@ reads: a crash under the interpreter, wrong answers or faults on the GPU); ``cau
 ``seq_idx`` and ``T = 0`` crashed (slice step 0); ``causal_conv1d_fn`` split ``seq_idx`` into runs of equal
 consecutive ids, so an id that reappears within a tap's reach (``[0, 0, 1, 0]``, ``[0, -1, 0]``) did not get
 the SPEC's taps (``seq_idx[b, τ] == seq_idx[b, t]``). The other cases pin down behaviour that held."""
+import functools
 import importlib
 
 import pytest
@@ -12,8 +13,11 @@ import torch
 
 from mindspeed_ops.api.triton.convolution import causal_conv1d, causal_conv1d_fn
 from mindspeed_ops.ops.conv import reference as ref
-from mindspeed_ops.testing import assert_close, assert_unchanged, randn, snapshot
+from mindspeed_ops import testing
+from mindspeed_ops.testing import assert_close, assert_unchanged, snapshot
 from tests.conftest import DEVICE
+
+randn = functools.partial(testing.randn, device=DEVICE)
 
 launch = importlib.import_module("mindspeed_ops.ops.conv.causal_conv1d")  # the module, not the function
 

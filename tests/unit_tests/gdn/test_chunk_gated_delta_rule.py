@@ -178,6 +178,7 @@ def test_registration_and_compile():
     assert all(t.grad is not None for t in ls)
 
 
+@pytest.mark.bigmem
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(1, 8192, 16, 16, 128, 128), (2, 1024, 4, 16, 128, 128)])
 def test_real_size_bf16(shape):

@@ -91,9 +91,9 @@ def test_strided_offsets_and_chunk_indices_every_stage():
     """Strided ``cu_seqlens`` and a strided ``chunk_indices`` table (int64 and int32) give bitwise the
     results of contiguous ones for every stage and the full operators."""
     cu = torch.tensor(CU, dtype=torch.int32)
-    cu_s = torch.stack([cu, -cu], 1).reshape(-1)[::2].to(DEVICE)
+    cu_s = torch.stack([cu, -cu], 1).to(DEVICE).reshape(-1)[::2]
     idx = prepare_chunk_indices(cu, BT).long()
-    idx_s = torch.stack([idx, -idx], 1)[:, 0].to(DEVICE)
+    idx_s = torch.stack([idx, -idx], 1).to(DEVICE)[:, 0]
     assert not cu_s.is_contiguous() and not idx_s.is_contiguous()
     ins = _inputs(N=len(CU) - 1)
     want = _pipeline(*ins, cu_seqlens=cu.to(DEVICE))

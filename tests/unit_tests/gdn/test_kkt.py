@@ -263,9 +263,9 @@ def test_non_contiguous_offsets_and_chunk_indices(poisoned):
     cu = [0, 37, 100, 101, 150]
     k, G, _, beta = make_inputs(1, 150, 1, 2, 16, 32, torch.float32, cu=cu, seed=11)
     cu_t = torch.tensor(cu, dtype=torch.int32)
-    cu_strided = torch.stack([cu_t, -cu_t], 1).reshape(-1)[::2].to(DEVICE)   # values of cu, stride 2
+    cu_strided = torch.stack([cu_t, -cu_t], 1).to(DEVICE).reshape(-1)[::2]   # values of cu, stride 2
     idx = build_chunk_indices(cu_t.long(), 32)
-    idx_strided = torch.stack([idx, -idx], 1)[:, 0].to(DEVICE)               # [NT, 2] with row stride 4
+    idx_strided = torch.stack([idx, -idx], 1).to(DEVICE)[:, 0]               # [NT, 2] with row stride 4
     assert not cu_strided.is_contiguous() and not idx_strided.is_contiguous()
     want = chunk_scaled_dot_kkt_fwd(k, g=G, beta=beta, cu_seqlens=cu_t.to(DEVICE), chunk_size=32)
     got = chunk_scaled_dot_kkt_fwd(k, g=G, beta=beta, cu_seqlens=cu_strided, chunk_size=32,

@@ -425,6 +425,7 @@ def test_real_2100_short_sequences_and_tail():
     _compare(_inputs(1, 1000, 4, 4, 128, 128, torch.bfloat16, N=2), cu_seqlens=cu, oracle="chunked")
 
 
+@pytest.mark.bigmem
 @pytest.mark.gpu
 def test_real_kimi_shape_bf16():
     _compare(_inputs(1, 8192, 96, 96, 128, 128, torch.bfloat16, s=1.0), oracle="chunked", group=4)

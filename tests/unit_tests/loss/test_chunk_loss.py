@@ -339,6 +339,7 @@ def test_registration_and_compile():
         assert torch.isfinite(g(h, W, y))
 
 
+@pytest.mark.bigmem
 @pytest.mark.gpu
 def test_memory_bound():
     N, Hd, V = 16384, 4096, 128256

@@ -398,6 +398,7 @@ def test_registration_and_compile():
     assert_close("compiled grad", xr.grad, x.grad, "E-fwd")
 
 
+@pytest.mark.bigmem
 @pytest.mark.gpu
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_bf16_options_real_size(reduction):
