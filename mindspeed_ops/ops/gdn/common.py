@@ -71,3 +71,13 @@ def prune_v_tiles(configs, named_args, **kwargs):
     vmax = max(32, tu.next_power_of_2(named_args["V"]))
     kept = [c for c in configs if c.kwargs["BV"] <= vmax]
     return kept or configs[:1]
+
+
+def row_factor_args(r: Optional[torch.Tensor], dummy: torch.Tensor) -> tuple:
+    """``(pointer, s_b, s_t, s_h)`` of an optional per-token factor ``[B, T, H]`` (the fp32 l2norm rstd of
+    q or k that the forward stages fold into their products); the dummy and zero strides without one."""
+    if r is None:
+        return dummy, 0, 0, 0
+    if r.dtype != torch.float32 or r.dim() != 3:
+        raise ValueError(f"row factor: expected a [B, T, H] float32 tensor, got {shape_str(r.shape)} {r.dtype}")
+    return (r, *r.stride())
