@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from ... import backends
+from ..norm.l2norm import rstd as _l2_rstd
 from . import bwd_dhu, bwd_dqkwg, bwd_dv, cumsum, fwd_h, fwd_o, kkt, solve_tril, wy_fast
 from .common import device_tables
 
@@ -37,8 +38,7 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
     # to the input dtype (without decay, a rounded ‖k̂‖ != 1 compounds through the state)
     rq = rk = None
     if use_qk_l2norm_in_kernel:
-        rq = _l2norm(q).forward(q, L2_EPS, None)[1].contiguous()
-        rk = _l2norm(k).forward(k, L2_EPS, None)[1].contiguous()
+        rq, rk = _l2_rstd(q, L2_EPS), _l2_rstd(k, L2_EPS)
     G = None if g is None else cumsum.forward(g, BT, False, None, cu_host, cu, torch.float32, idx)
     HV = v.shape[2]
     A = kkt.forward(k, G, None, beta, HV, cu_host, cu, BT, torch.float32, idx, rk=rk)

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from ... import backends
+from ..norm.l2norm import rstd as _l2_rstd
 from ..gdn.bwd_dhu import forward as _dhu_forward
 from ..gdn.common import device_tables
 from ..gdn.cumsum import forward as _cumsum_forward
@@ -37,11 +38,6 @@ def _l2norm(x: torch.Tensor):
     return backends.implementation("l2norm", x.device).forward(x, L2_EPS, None)
 
 
-def _rstd(x: torch.Tensor) -> torch.Tensor:
-    """The l2norm's ``1/sqrt(Σx² + eps)`` of every row, ``x.shape[:-1]`` fp32 contiguous."""
-    return _l2norm(x)[1].contiguous()
-
-
 def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool, use_qk_l2norm_in_kernel: bool,
             cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int):
     """Returns ``(o, final_state or None, G, Akk, Aqk)``; arguments already validated."""
@@ -51,7 +47,7 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
     # to the input dtype (without decay, a rounded ‖k̂‖ != 1 compounds through the state)
     rq = rk = None
     if use_qk_l2norm_in_kernel:
-        rq, rk = _rstd(q), _rstd(k)
+        rq, rk = _l2_rstd(q, L2_EPS), _l2_rstd(k, L2_EPS)
     G = _cumsum_forward(g, BT, False, None, cu_host, cu, torch.float32, idx)
     w, u, _, _, Aqk, Akk = _intra.forward(q, k, v, G, beta, scale, cu_host, cu, BT, idx, output_qg=False,
                                           output_kg=False, rq=rq, rk=rk)
