@@ -32,6 +32,7 @@ def _usage_error(argv, capsys) -> str:
     (["--steps", "0"], "--steps"),
     (["--seq-len", "5000"], "--seq-len"),
     (["--experts", "0"], "--experts"),
+    (["--eval-batches", "-1"], "--eval-batches"),
 ])
 def test_train_bad_flags_are_usage_errors(flags, words, tmp_path, capsys):
     err = _usage_error([*TRAIN, "--out", str(tmp_path / "run"), *flags], capsys)
@@ -91,3 +92,10 @@ def test_compile_check_bad_arguments_are_usage_errors(argv, capsys):
         cli.main(["compile-check", *argv])
     assert e.value.code == 2
     assert "mindspeed-ops compile-check" in capsys.readouterr().err
+
+
+def test_train_unavailable_backend_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MINDSPEED_OPS_BACKEND", "bogus")  # used to be a BackendUnavailableError traceback
+    argv = [a for a in TRAIN if a not in ("--backend", "reference")]  # --backend would override it
+    err = _usage_error([*argv, "--out", str(tmp_path / "run")], capsys)
+    assert "MINDSPEED_OPS_BACKEND=bogus" in err
