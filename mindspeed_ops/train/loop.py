@@ -101,6 +101,13 @@ def validate(cfg: HybridConfig, s: RunSettings, data_mb: Optional[float] = None)
         raise ValueError(f"--threads must be >= 1, got {s.threads}")
     if data_mb is not None and not data_mb > 0:
         raise ValueError(f"--data-mb must be > 0, got {data_mb}")
+    if s.out is not None:  # found after a whole run otherwise (the writes come at the end)
+        from ..check_runner import output_path_problem
+
+        for path, is_dir in ((s.out, True), (s.out / CHECKPOINT, False), (s.out / "metrics.json", False),
+                             (s.out / "loss.png", False)):
+            if output_path_problem(str(path), is_dir):
+                raise ValueError(f"--out: {path} {output_path_problem(str(path), is_dir)}")
     if cfg.sinkhorn_iters < 1:
         raise ValueError(f"--sinkhorn-iters must be >= 1, got {cfg.sinkhorn_iters}")
     for name in ("d_model", "lin_heads", "lin_v_heads", "lin_head_dim", "attn_heads", "attn_head_dim",

@@ -47,6 +47,13 @@ def test_train_unwritable_out_is_a_usage_error(tmp_path, capsys):
     assert "--out" in err
 
 
+def test_train_checkpoint_path_that_is_a_directory_is_a_usage_error(tmp_path, capsys):
+    """Found by a fresh-user review: out/checkpoint.pt being a directory crashed only at the final save."""
+    (tmp_path / "run" / "checkpoint.pt").mkdir(parents=True)
+    err = _usage_error([*TRAIN, "--out", str(tmp_path / "run")], capsys)
+    assert "--out" in err and "checkpoint.pt is a directory" in " ".join(err.split())
+
+
 def test_resume_past_steps_keeps_the_checkpoint(tmp_path, capsys):
     out = tmp_path / "run"
     assert cli.main([*TRAIN, "--steps", "3", "--eval-batches", "0", "--out", str(out)]) == 0
