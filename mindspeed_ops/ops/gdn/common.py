@@ -71,3 +71,11 @@ def prune_v_tiles(configs, named_args, **kwargs):
     vmax = max(32, tu.next_power_of_2(named_args["V"]))
     kept = [c for c in configs if c.kwargs["BV"] <= vmax]
     return kept or configs[:1]
+
+
+def zero_tail_rows(cu_host: Optional[list], *grads: torch.Tensor) -> None:
+    """Gradients of the tail tokens (at or after ``cu_seqlens[-1]``) set to 0 in place: the l2norm backward
+    runs over every row, and whatever q/k hold there (NaN included, SPEC 0.3) must not leak into them."""
+    if cu_host is not None and cu_host[-1] < grads[0].shape[1]:
+        for t in grads:
+            t[:, cu_host[-1]:] = 0
