@@ -141,6 +141,22 @@ class CaseResult:
         }
 
 
+def output_path_problem(path: str, directory: bool = False) -> Optional[str]:
+    """Why ``path`` cannot be written as an output file (a directory when ``directory``), or ``None``.
+    Checked before a long run, so that a bad ``--json``/``--out`` fails at once, not after the run."""
+    p = os.path.abspath(path)
+    if os.path.exists(p):
+        if directory and not os.path.isdir(p):
+            return "exists and is not a directory"
+        if not directory and os.path.isdir(p):
+            return "is a directory"
+        return None
+    parent = os.path.dirname(p)
+    while not os.path.exists(parent):  # missing parents are created when writing
+        parent = os.path.dirname(parent)
+    return None if os.path.isdir(parent) else f"{parent} is not a directory"
+
+
 def _exc_text(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
@@ -370,4 +386,5 @@ def run_all(pairs: Sequence[tuple[object, torch.dtype]], device: torch.device | 
 
 
 __all__ = ["CaseResult", "DTYPE_ALIASES", "dtype_short", "parse_dtypes", "default_device", "kernel_modules_loaded",
-           "prepare_device", "load_cases", "select_cases", "plan", "time_ms", "run_case", "run_all"]
+           "output_path_problem", "prepare_device", "load_cases", "select_cases", "plan", "time_ms", "run_case",
+           "run_all"]

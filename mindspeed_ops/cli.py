@@ -158,7 +158,11 @@ def cmd_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         dtypes = cr.parse_dtypes(args.dtypes) if args.dtypes else None
     except ValueError as e:
         parser.error(f"--dtypes: {e}")
-    ops = [o for item in (args.ops or []) for o in item.split(",") if o]
+    ops = [o.strip() for item in (args.ops or []) for o in item.split(",") if o.strip()]
+    if args.ops is not None and not ops:
+        parser.error("--ops: no op names given")
+    if args.json and cr.output_path_problem(args.json):
+        parser.error(f"--json {args.json}: {cr.output_path_problem(args.json)}")
     try:
         interpreting = cr.prepare_device(device)  # before any kernel module is imported
         load_errors: dict[str, str] = {}
@@ -212,6 +216,7 @@ def cmd_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         report = {"device": str(device), "arch": backends.device_arch(device), "interpreter": interpreting,
                   "small": small, "backend": args.backend, "versions": versions(),
                   "passed": n_fail == 0, "results": [r.to_dict() for r in results]}
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
         con.print(f"wrote {args.json}")

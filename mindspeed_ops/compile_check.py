@@ -1252,6 +1252,13 @@ def _csv(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
+def _archs(s: str) -> list[int]:
+    try:
+        return [int(x) for x in _csv(s)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated compute capabilities such as 80,90, got {s!r}")
+
+
 def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
     """Arguments of ``mindspeed-ops compile-check`` (added to ``parser`` when given)."""
     p = parser or argparse.ArgumentParser(
@@ -1259,7 +1266,7 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
         description="Compile every Triton kernel (and autotune config) of the library for sm_80/sm_90 "
                     "without a GPU; report errors, shared memory, registers and spills.")
     p.add_argument("--ops", type=_csv, default=None, help="comma-separated op names (default: all)")
-    p.add_argument("--arch", type=lambda s: [int(x) for x in _csv(s)], default=list(ARCHS),
+    p.add_argument("--arch", type=_archs, default=list(ARCHS),
                    help="comma-separated compute capabilities, e.g. 80,90 (default)")
     p.add_argument("--dtypes", type=_csv, default=list(RECORD_DTYPES), help="case dtypes to record: fp32,fp16")
     p.add_argument("--shapes", type=_csv, default=list(SHAPES), help="small,real (real shapes are recorded dry)")
@@ -1293,8 +1300,19 @@ def run_cli(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser] 
     if bad:
         usage(f"--shapes accepts {', '.join(SHAPES)}, got {', '.join(bad)}")
     bad = [a for a in args.arch if a not in SHARED_LIMIT]
-    if bad:
-        usage(f"--arch accepts {', '.join(map(str, sorted(SHARED_LIMIT)))}, got {', '.join(map(str, bad))}")
+    if bad or not args.arch:
+        usage(f"--arch accepts {', '.join(map(str, sorted(SHARED_LIMIT)))}, got {', '.join(map(str, bad)) or 'none'}")
+    if args.jobs < 1:
+        usage(f"--jobs must be >= 1, got {args.jobs}")
+    if not args.timeout > 0:
+        usage(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    if args.ops is not None and not args.ops:
+        usage("--ops: no op names given")
+    if args.json_out:
+        from .check_runner import output_path_problem
+
+        if output_path_problem(args.json_out):  # fail now, not after minutes of compiling
+            usage(f"--json {args.json_out}: {output_path_problem(args.json_out)}")
     if args.ops:
         from .checks import all_cases
 
@@ -1328,6 +1346,7 @@ def run_cli(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser] 
     print(f"{len(results) - n_bad}/{len(results)} compilations ok, {len(rec.errors)} recording error(s); "
           f"compile time {t2 - t1:.1f} s ({args.jobs} process(es))")
     if args.json_out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
         with open(args.json_out, "w") as f:
             json.dump(CompileReport(rec, results).to_dict(), f, indent=1, default=str)
     return 0 if (n_bad == 0 and not rec.errors) else 1

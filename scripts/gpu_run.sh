@@ -5,7 +5,7 @@
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} MINDSPEED_OPS_FAILLOG=${MINDSPEED_OPS_FAILLOG:-$OUT/failures.txt} \
-  MINDSPEED_OPS_MEMLOG=${MINDSPEED_OPS_MEMLOG:-$OUT/peak_memory.txt}
+  MINDSPEED_OPS_MEMLOG=${MINDSPEED_OPS_MEMLOG:-$OUT/peak_memory.txt} MINDSPEED_OPS_DURLOG=${MINDSPEED_OPS_DURLOG:-$OUT/durations.txt}
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD || exit 1

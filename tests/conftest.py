@@ -107,7 +107,15 @@ def _log_peak_memory(nodeid: str):
 
 def pytest_runtest_logreport(report):
     """``MINDSPEED_OPS_FAILLOG=path``: append each failure's traceback as it happens, so a device run
-    cut short by its time limit still brings back why a test failed (pytest's summary comes at the end)."""
+    cut short by its time limit still brings back why a test failed (pytest's summary comes at the end).
+    ``MINDSPEED_OPS_DURLOG=path``: the cases slower than 5 s. Written by the xdist controller only (it
+    gets every worker's reports as they come), so each case appears once."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    dur = os.environ.get("MINDSPEED_OPS_DURLOG")
+    if dur and report.when == "call" and report.duration > 5.0:  # the slow cases, to plan device calls
+        with open(dur, "a") as f:
+            f.write(f"{report.duration:.1f} s {report.nodeid}\n")
     path = os.environ.get("MINDSPEED_OPS_FAILLOG")
     if path and report.failed:
         with open(path, "a") as f:

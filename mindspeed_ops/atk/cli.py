@@ -114,6 +114,7 @@ def _from_json(args, con) -> int:
         con.print(f"wrote {paths['md']}, {paths['json']}" + (f", {len(paths['plots'])} plot(s)" if paths["plots"]
                                                              else ""), markup=False)
     if args.summary_md:
+        os.makedirs(os.path.dirname(os.path.abspath(args.summary_md)), exist_ok=True)
         with open(args.summary_md, "w") as f:
             f.write(summary_markdown(report))
         con.print(f"wrote {args.summary_md}", markup=False)
@@ -124,8 +125,14 @@ def _from_json(args, con) -> int:
 
 def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Entry point of ``mindspeed-ops atk``; returns the exit code (0 ok, 1 failures, 2 usage errors)."""
+    from ..check_runner import output_path_problem
     from .schema import AtkSpecError
 
+    if args.ops is not None and not _split(args.ops):
+        parser.error("--ops: no op names given")
+    for flag, path, is_dir in (("--out", args.out, True), ("--summary-md", args.summary_md, False)):
+        if path and output_path_problem(path, is_dir):  # fail now, not after the run
+            parser.error(f"{flag} {path}: {output_path_problem(path, is_dir)}")
     con = _console()
     try:
         if args.list:
@@ -146,6 +153,10 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                          if b in REGISTRY and REGISTRY[b].kind != "compile"]
         if args.time_budget is not None and not args.time_budget >= 0:
             parser.error(f"--time-budget must be >= 0 seconds, got {args.time_budget:g}")
+        for flag, value, ok in (("--warmup", args.warmup, args.warmup >= 0), ("--rep", args.rep, args.rep > 0),
+                                ("--copy-gib", args.copy_gib, args.copy_gib > 0)):
+            if not ok:
+                parser.error(f"{flag} must be {'>= 0' if flag == '--warmup' else '> 0'}, got {value:g}")
         directions = tuple(d.strip() for d in args.direction.split(",") if d.strip())
         if any(d not in ("fwd", "fwd+bwd") for d in directions) or not directions:
             parser.error("--direction takes fwd, fwd+bwd or fwd,fwd+bwd")
@@ -162,8 +173,10 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except AtkSpecError as e:
         con.print(str(e), markup=False)
         return 2
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+    except (ValueError, RuntimeError) as e:
         parser.error(str(e))
+    except OSError as e:  # e.g. --from-json naming a directory, an unwritable --out
+        parser.error(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
     _print_summary(report, con)
     if args.out:
         con.print(f"wrote {os.path.join(args.out, 'report.md')}, report.json"

@@ -253,13 +253,18 @@ def _cu(lens, device):
                                                   dtype=torch.int64, device=device)
 
 
-def _gdn_G(*, device, dtype, seed, B, T, HV, BT=64, s=1.0, zero_frac=0.2, lens=None):
+def _gdn_G(*, device, dtype, seed, B, T, HV, BT=64, s=1.0, zero_frac=0.2, lens=None, K=None, reset_frac=0.0):
     """Chunk-local cumsum ``G`` (fp32) of recipe gates ``logsigmoid(U)/s`` with ``zero_frac`` exact zeros:
-    the ``g`` input of the GDN stage functions (SPEC 0.4)."""
+    the ``g`` input of the GDN stage functions (SPEC 0.4). ``K``: per-channel gates ``[B, T, HV, K]`` (the
+    ``gk`` input of the KDA stages); ``reset_frac``: that fraction of the raw gates set to -1000 (hard reset,
+    SPEC 1.10.10 / 1.11) before the cumsum."""
     from ..ops.gdn import reference as ref
 
-    gate = torch.nn.functional.logsigmoid(_rand([B, T, HV], seed, device)) / float(s)
-    gate = gate * (_rand([B, T, HV], seed + 1, device) >= float(zero_frac))
+    shape = [B, T, HV] if K is None else [B, T, HV, K]
+    gate = torch.nn.functional.logsigmoid(_rand(shape, seed, device)) / float(s)
+    gate = gate * (_rand(shape, seed + 1, device) >= float(zero_frac))
+    if float(reset_frac) > 0:
+        gate = torch.where(_rand(shape, seed + 2, device) < float(reset_frac), torch.full_like(gate, -1000.0), gate)
     return ref.chunk_local_cumsum_ref(gate, int(BT), cu_seqlens=_cu(lens, device)).float()
 
 

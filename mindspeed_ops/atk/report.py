@@ -298,7 +298,10 @@ def write_all(out_dir: str, report: dict, *, plots: bool = True) -> dict:
 def load_report(path: str) -> dict:
     """A ``report.json`` written by :func:`write_all` (``ValueError`` for another file)."""
     with open(path) as f:
-        data = json.load(f)
+        try:
+            data = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} is not an ATK report.json (not JSON: {e})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path} is not an ATK report.json (format {FORMAT!r})")
     return data

@@ -183,11 +183,14 @@ def default_atk_dir() -> str:
 def spec_paths(atk_dir: str) -> dict[str, str]:
     """``{op: path}`` of every ``*.yaml`` in ``atk_dir`` (files starting with ``_`` are skipped)."""
     if not os.path.isdir(atk_dir):
-        raise FileNotFoundError(f"ATK case directory {atk_dir!r} does not exist (use --atk-dir)")
+        why = "is not a directory" if os.path.exists(atk_dir) else "does not exist"
+        raise FileNotFoundError(f"ATK case directory {atk_dir!r} {why} (use --atk-dir)")
     out = {}
     for f in sorted(os.listdir(atk_dir)):
         if f.endswith((".yaml", ".yml")) and not f.startswith("_"):
             out[os.path.splitext(f)[0]] = os.path.join(atk_dir, f)
+    if not out:  # a wrong --atk-dir must not "validate" or list nothing silently
+        raise FileNotFoundError(f"ATK case directory {atk_dir!r} has no *.yaml case files (use --atk-dir)")
     return out
 
 

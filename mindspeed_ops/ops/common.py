@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Callable, Iterator, Optional, Sequence
 
@@ -59,6 +60,32 @@ def reference_vjp(fn: Callable, primals: Sequence[Optional[torch.Tensor]], cotan
         else:
             result.append(None)
     return result
+
+
+def has_autocast(device_type: str) -> bool:
+    # cuda/cpu answered without the C call: dynamo cannot trace torch._C._is_autocast_available (seen on
+    # CUDA, torch 2.11), and callers run inside compiled training steps
+    return device_type in ("cuda", "cpu") or torch.amp.is_autocast_available(device_type)
+
+
+def autocast_off(device_type: str):
+    """``torch.autocast(device_type, enabled=False)``, or nothing where the device has no autocast
+    (``meta``: shape-only calls must work)."""
+    if has_autocast(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def without_autocast(fn: Callable) -> Callable:
+    """Run a float32/float64 oracle with autocast off on its first tensor argument's device: under autocast
+    its matmuls would round to bf16 (and writes of their results into fp32 buffers fail)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        dev = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+        with autocast_off(dev):
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def rows_2d(x: torch.Tensor) -> torch.Tensor:

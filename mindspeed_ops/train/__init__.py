@@ -123,6 +123,11 @@ def run_cli(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser] 
         if args.compare and args.resume:
             raise ValueError("--compare and --resume cannot be combined (the comparison needs two full runs)")
         resolve(args, device)  # bad flags: a usage error (exit code 2) before any data is read
+        from .. import backends
+        from .loop import _backend_ctx
+
+        with _backend_ctx(args.backend):  # e.g. MINDSPEED_OPS_BACKEND naming an unavailable backend
+            backends.select("chunk_gated_delta_rule", device)
         if args.out:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)

@@ -2,9 +2,10 @@
 files, read as bytes (a byte-level vocabulary of 256).
 
 Files are read in sorted path order (``sysconfig`` ``stdlib`` directory, ``*.py``, site-/dist-packages
-excluded) until ``max_bytes`` are collected; every 20th file goes to the validation split, so the
-validation text comes from files the model never trains on. Batches are drawn by a generator seeded
-with ``(seed, step)``: a run resumed from a checkpoint sees exactly the batches of an uninterrupted run.
+excluded) until ``max_bytes`` are collected and the validation split has a file; every 20th file goes to
+the validation split, so the validation text comes from files the model never trains on. Batches are
+drawn by a generator seeded with ``(seed, step)``: a run resumed from a checkpoint sees exactly the
+batches of an uninterrupted run.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ class ByteCorpus:
             (val if i % val_every == val_every - 1 else train).append(data)
             total += len(data)
             used += 1
-            if total >= max_bytes:
+            if total >= max_bytes and val:  # a tiny max_bytes still gets a validation file
                 break
         if not train or not val:
             raise RuntimeError(f"no Python source found under {root} (needs the standard library's .py files)")

@@ -94,13 +94,20 @@ def validate(cfg: HybridConfig, s: RunSettings, data_mb: Optional[float] = None)
         raise ValueError(f"--seq-len must be <= {cfg.max_seq_len}, got {s.seq_len}")
     if not (math.isfinite(s.lr) and s.lr > 0):
         raise ValueError(f"--lr must be a positive number, got {s.lr}")
-    for name in ("warmup", "ckpt_every", "log_every"):
+    for name in ("warmup", "ckpt_every", "log_every", "eval_batches"):
         if getattr(s, name) is not None and getattr(s, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(s, name)}")
     if s.threads is not None and s.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {s.threads}")
     if data_mb is not None and not data_mb > 0:
         raise ValueError(f"--data-mb must be > 0, got {data_mb}")
+    if s.out is not None:  # found after a whole run otherwise (the writes come at the end)
+        from ..check_runner import output_path_problem
+
+        for path, is_dir in ((s.out, True), (s.out / CHECKPOINT, False), (s.out / "metrics.json", False),
+                             (s.out / "loss.png", False)):
+            if output_path_problem(str(path), is_dir):
+                raise ValueError(f"--out: {path} {output_path_problem(str(path), is_dir)}")
     if cfg.sinkhorn_iters < 1:
         raise ValueError(f"--sinkhorn-iters must be >= 1, got {cfg.sinkhorn_iters}")
     for name in ("d_model", "lin_heads", "lin_v_heads", "lin_head_dim", "attn_heads", "attn_head_dim",
@@ -167,9 +174,22 @@ def load_checkpoint(path: Path, model: HybridLM, opt: torch.optim.Optimizer, cfg
         SystemExit: the checkpoint was written for another model (config or built layers) or data
             settings (seed, batch size, sequence length).
     """
-    ck = torch.load(path, map_location=s.device, weights_only=False)
+    try:
+        ck = torch.load(path, map_location=s.device, weights_only=False)
+    except Exception as e:  # noqa: BLE001 - a truncated/foreign file: say so, no traceback
+        from ..check_runner import _exc_text
+
+        raise SystemExit(f"--resume: cannot read {path} ({_exc_text(e)}); delete it or use another --out") from None
+    keys = ("model", "optim", "step", "config", "kinds", "seed", "batch_size", "seq_len", "losses", "step_seconds")
+    if not isinstance(ck, dict) or any(k not in ck for k in keys):
+        raise SystemExit(f"--resume: {path} is not a checkpoint of mindspeed-ops train; delete it or use another --out")
     if ck["config"] != cfg.to_dict() or ck["kinds"] != model.kinds:
-        raise SystemExit(f"--resume: {path} holds a different model ({ck['kinds']}, {ck['config']}); "
+        want = cfg.to_dict()
+        diff = [f"{k}={ck['config'].get(k)!r} (this run: {want.get(k)!r})"
+                for k in sorted(set(want) | set(ck["config"])) if ck["config"].get(k) != want.get(k)]
+        if ck["kinds"] != model.kinds:
+            diff.append(f"layers built {','.join(ck['kinds'])} (this run: {','.join(model.kinds)})")
+        raise SystemExit(f"--resume: {path} holds a different model: {'; '.join(diff)}; "
                          f"use another --out or the same flags")
     for name in ("seed", "batch_size", "seq_len"):
         if ck[name] != getattr(s, name):
@@ -335,7 +355,14 @@ def run(args: argparse.Namespace, device: str) -> int:
     if args.compare and args.resume:
         raise SystemExit("--compare and --resume cannot be combined (the comparison needs two full runs)")
     con = Console(highlight=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120)
-    corpus = ByteCorpus.from_stdlib(max_bytes=int(args.data_mb * 2**20))
+    try:
+        corpus = ByteCorpus.from_stdlib(max_bytes=int(args.data_mb * 2**20))
+    except RuntimeError as e:
+        raise SystemExit(f"train: {e}") from None
+    for split, data in (("train", corpus.train), ("validation", corpus.val if s.eval_batches else None)):
+        if data is not None and data.numel() <= s.seq_len + 1:
+            raise SystemExit(f"--data-mb {args.data_mb:g}: the {split} split has {data.numel()} bytes, fewer than "
+                             f"--seq-len + 1 = {s.seq_len + 1}; read more data (a larger --data-mb)")
     con.print(f"[bold]mindspeed-ops train[/bold]: hybrid LM on {corpus.files} standard-library files "
               f"({corpus.train.numel() / 2**20:.1f} MiB train, {corpus.val.numel() / 2**20:.2f} MiB val) "
               f"from {escape(corpus.root)}")

@@ -14,7 +14,7 @@ import torch
 from ... import backends
 from ..norm.l2norm import rstd as _l2_rstd
 from . import bwd_dhu, bwd_dqkwg, bwd_dv, cumsum, fwd_h, fwd_o, kkt, solve_tril, wy_fast
-from .common import device_tables
+from .common import device_tables, zero_tail_rows
 
 OP = "chunk_gated_delta_rule"
 L2_EPS = 1e-6  # SPEC 1.10.10: the in-kernel qk l2norm's eps
@@ -74,4 +74,5 @@ def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, us
     if use_qk_l2norm_in_kernel:
         dq = _l2norm(q).backward(qn, q_rstd, dq, L2_EPS, True, torch.float32)
         dk = _l2norm(k).backward(kn, k_rstd, dk, L2_EPS, True, torch.float32)
+        zero_tail_rows(cu_host, dq, dk)
     return dq, dk, dv, dg, dbeta, dh0

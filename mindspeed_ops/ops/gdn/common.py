@@ -81,3 +81,11 @@ def row_factor_args(r: Optional[torch.Tensor], dummy: torch.Tensor) -> tuple:
     if r.dtype != torch.float32 or r.dim() != 3:
         raise ValueError(f"row factor: expected a [B, T, H] float32 tensor, got {shape_str(r.shape)} {r.dtype}")
     return (r, *r.stride())
+
+
+def zero_tail_rows(cu_host: Optional[list], *grads: torch.Tensor) -> None:
+    """Gradients of the tail tokens (at or after ``cu_seqlens[-1]``) set to 0 in place: the l2norm backward
+    runs over every row, and whatever q/k hold there (NaN included, SPEC 0.3) must not leak into them."""
+    if cu_host is not None and cu_host[-1] < grads[0].shape[1]:
+        for t in grads:
+            t[:, cu_host[-1]:] = 0

@@ -22,6 +22,8 @@ from typing import Optional
 
 import torch
 
+from ..common import without_autocast
+
 L2NORM_EPS = 1e-6
 
 
@@ -126,6 +128,7 @@ def recurrent_gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Te
                       cu_seqlens)
 
 
+@without_autocast
 def _recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens):
     """The token loop of both oracles: ``g[b, t]`` is ``[HV]`` (GDN, one decay per head) or ``[HV, K]``
     (KDA, one per key channel: row ``d`` of ``S`` scaled by ``e^{g_t,d}``)."""
@@ -255,6 +258,7 @@ def solve_tril_ref(A: torch.Tensor, cu_seqlens: Optional[torch.Tensor] = None,
 # Chunked reference of the full operator
 # ------------------------------------------------------------------------------------------------
 
+@without_autocast
 def chunk_gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
                                beta: torch.Tensor, scale: Optional[float] = None,
                                initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,

@@ -22,7 +22,7 @@ import torch
 from ... import backends
 from ..norm.l2norm import rstd as _l2_rstd
 from ..gdn.bwd_dhu import forward as _dhu_forward
-from ..gdn.common import device_tables
+from ..gdn.common import device_tables, zero_tail_rows
 from ..gdn.cumsum import forward as _cumsum_forward
 from ..gdn.fwd_h import forward as _fwd_h_forward
 from ..gdn.wy_fast import forward as _wy_forward
@@ -80,7 +80,5 @@ def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, u
         l2 = backends.implementation("l2norm", q.device)
         dq = l2.backward(qn, rq, dq, L2_EPS, True, torch.float32)
         dk = l2.backward(kn, rk, dk, L2_EPS, True, torch.float32)
-        if cu_host is not None and cu_host[-1] < q.shape[1]:
-            dq[:, cu_host[-1]:] = 0  # tail rows: whatever q/k hold there (NaN included), gradient 0
-            dk[:, cu_host[-1]:] = 0
+        zero_tail_rows(cu_host, dq, dk)
     return dq, dk, dv, dg, db, dh0

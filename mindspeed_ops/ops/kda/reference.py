@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from ..common import autograd_recording
+from ..common import autograd_recording, without_autocast
 from ..gdn.reference import _cdtype, _expand_heads, _finish, _recurrent, _sequences, _setup, _state0, solve_tril_ref
 from ..gdn.reference_bwd import _fold_heads, _heads, _last, _out, _seq_chunks, _unheads
 from ..gdn.reference_wy import chunk_scaled_dot_kkt_fwd_ref, recompute_w_u_fwd_ref
@@ -84,6 +84,7 @@ def recurrent_kda_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Opti
 # Chunked reference of the full operator
 # ------------------------------------------------------------------------------------------------
 
+@without_autocast
 def chunk_kda_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], beta: torch.Tensor,
                   scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
                   output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,

@@ -7,11 +7,11 @@ gather, so autograd through it is the backward oracle.
 """
 from __future__ import annotations
 
-import contextlib
-
 from typing import Optional
 
 import torch
+
+from ..common import autocast_off, has_autocast  # noqa: F401 - autocast_off: used by chunk_loss
 
 _NAN = float("nan")
 
@@ -138,24 +138,10 @@ def fused_cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, loss_we
     return (loss, lse) if return_lse else loss
 
 
-def _has_autocast(device_type: str) -> bool:
-    # cuda/cpu answered without the C call: dynamo cannot trace torch._C._is_autocast_available (seen on
-    # CUDA, torch 2.11), and compute_dtype runs inside compiled training steps
-    return device_type in ("cuda", "cpu") or torch.amp.is_autocast_available(device_type)
-
-
-def autocast_off(device_type: str):
-    """``torch.autocast(device_type, enabled=False)``, or nothing where the device has no autocast
-    (``meta``: shape-only calls must work)."""
-    if _has_autocast(device_type):
-        return torch.autocast(device_type, enabled=False)
-    return contextlib.nullcontext()
-
-
 def compute_dtype(hidden: torch.Tensor) -> torch.dtype:
     """chunk_loss compute dtype: the autocast dtype when autocast is on for the device, else ``hidden.dtype``."""
     dev = hidden.device.type
-    if hidden.dtype != torch.float64 and _has_autocast(dev) and torch.is_autocast_enabled(dev):
+    if hidden.dtype != torch.float64 and has_autocast(dev) and torch.is_autocast_enabled(dev):
         return torch.get_autocast_dtype(dev)
     return hidden.dtype
 

@@ -91,3 +91,16 @@ def test_bad_builder_argument_is_an_error():
     """)
     with pytest.raises(TypeError):
         build_inputs(case, dims, torch.float32, "cpu")
+
+
+def test_gdn_G_builder_per_channel_and_hard_reset():
+    case, dims = _case("""
+        g: {builder: gdn_G, args: {B: 1, T: $N, HV: 2, BT: 4}}
+        gk: {builder: gdn_G, args: {B: 1, T: $N, HV: 2, BT: 4, K: 3}}
+        gr: {builder: gdn_G, args: {B: 1, T: $N, HV: 2, BT: 4, K: 3, reset_frac: 0.5}}
+    """)
+    a = build_inputs(case, dims, torch.float32, "cpu")
+    assert a["g"].shape == (1, 6, 2) and a["g"].dtype == torch.float32 and (a["g"] <= 0).all()
+    assert a["gk"].shape == (1, 6, 2, 3) and (a["gk"] <= 0).all()
+    # chunk-local: the first position of each chunk is the raw gate, so a reset shows as <= -1000 somewhere
+    assert (a["gr"] <= -1000).any() and torch.isfinite(a["gr"]).all()

@@ -91,6 +91,9 @@ def test_bad_case_file_exit_code(tmp_path, capsys):
     (["--dtypes", "fp8"], "unknown dtype(s) fp8"),
     (["--baselines", "eagre"], "unknown baseline(s) eagre"),
     (["--direction", "bwd"], "--direction takes"),
+    (["--rep", "0"], "--rep must be > 0"),
+    (["--warmup", "-1"], "--warmup must be >= 0"),
+    (["--copy-gib", "0"], "--copy-gib must be > 0"),
 ])
 def test_bad_arguments(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
@@ -181,3 +184,48 @@ def test_list_and_validate(capsys):
     assert code == 0 and "rms_norm (norm, SPEC 1.2)" in out and "kkt A" in out and "[cpu]" in out
     code, out = _atk("--validate", capsys=capsys)
     assert code == 0 and "valid" in out
+
+
+def _atk_usage_error(capsys, *args) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["atk", *args])
+    assert e.value.code == 2, args
+    cap = capsys.readouterr()
+    assert "Traceback" not in cap.err and "runs on" not in cap.out  # refused before running anything
+    return cap.err
+
+
+def test_unwritable_outputs_are_usage_errors_before_the_run(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    run = ["--ops", "rms_norm", "--suite", "accuracy"]
+    assert "--out" in _atk_usage_error(capsys, *run, "--out", str(blocker))
+    assert "is not a directory" in _atk_usage_error(capsys, *run, "--out", str(blocker / "sub"))
+    assert "--summary-md" in _atk_usage_error(capsys, *run, "--summary-md", str(tmp_path))
+
+
+def test_from_json_bad_inputs(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not json")
+    err = _atk_usage_error(capsys, "--from-json", str(tmp_path / "notes.txt"))
+    assert "notes.txt is not an ATK report.json" in err
+    assert "Is a directory" in _atk_usage_error(capsys, "--from-json", str(tmp_path))
+    assert "No such file" in _atk_usage_error(capsys, "--from-json", str(tmp_path / "missing.json"))
+    # a good report re-rendered into a new nested directory / summary path
+    code, _ = _atk("--ops", "rms_norm", "--suite", "accuracy", "--cases", "long row", "--dtypes", "fp32",
+                   "--out", str(tmp_path / "r"), capsys=capsys)
+    assert code == 0
+    code, _ = _atk("--from-json", str(tmp_path / "r" / "report.json"), "--summary-md", str(tmp_path / "a" / "s.md"),
+                   capsys=capsys)
+    assert code == 0 and (tmp_path / "a" / "s.md").is_file()
+    assert "--out" in _atk_usage_error(capsys, "--from-json", str(tmp_path / "r" / "report.json"), "--out",
+                                       str(tmp_path / "notes.txt"))
+
+
+def test_atk_dir_that_is_a_file_or_empty(tmp_path, capsys):
+    (tmp_path / "f.yaml").write_text("op: x\n")
+    assert "is not a directory" in _atk_usage_error(capsys, "--atk-dir", str(tmp_path / "f.yaml"), "--list")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for flag in ("--list", "--validate"):  # used to list nothing / say "valid" with exit code 0
+        assert "has no *.yaml case files" in _atk_usage_error(capsys, "--atk-dir", str(empty), flag)
+    assert "no op names given" in _atk_usage_error(capsys, "--ops", ",", "--list")

@@ -22,13 +22,7 @@ NOT_OPS = {
     "CausalConv1dFunction": "autograd Function of causal_conv1d",
     "ChunkGatedDeltaRuleFunction": "autograd Function of chunk_gated_delta_rule",
     "chunk_scaled_dot_kkt": "alias of chunk_scaled_dot_kkt_fwd",
-    # GDN backward stages: measured through chunk_gated_delta_rule's gradients (the pipeline that runs them)
-    "chunk_bwd_dv_local": "GDN backward stage, covered by chunk_gated_delta_rule",
-    "chunk_gated_delta_rule_bwd_dhu": "GDN backward stage, covered by chunk_gated_delta_rule",
-    "chunk_bwd_dqkwg": "GDN backward stage, covered by chunk_gated_delta_rule",
     "ChunkKDAFunction": "autograd Function of chunk_kda",
-    "chunk_kda_fwd_intra": "KDA forward stage, covered by chunk_kda",
-    "chunk_kda_bwd_wy_dqkg_fused": "KDA backward stage, covered by chunk_kda",
     "get_available_device": "utility",
     "prepare_chunk_indices": "utility",
 }

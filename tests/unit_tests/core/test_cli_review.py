@@ -32,6 +32,7 @@ def _usage_error(argv, capsys) -> str:
     (["--steps", "0"], "--steps"),
     (["--seq-len", "5000"], "--seq-len"),
     (["--experts", "0"], "--experts"),
+    (["--eval-batches", "-1"], "--eval-batches"),
 ])
 def test_train_bad_flags_are_usage_errors(flags, words, tmp_path, capsys):
     err = _usage_error([*TRAIN, "--out", str(tmp_path / "run"), *flags], capsys)
@@ -44,6 +45,13 @@ def test_train_unwritable_out_is_a_usage_error(tmp_path, capsys):
     blocker.write_text("x")
     err = _usage_error([*TRAIN, "--out", str(blocker / "sub")], capsys)
     assert "--out" in err
+
+
+def test_train_checkpoint_path_that_is_a_directory_is_a_usage_error(tmp_path, capsys):
+    """Found by a fresh-user review: out/checkpoint.pt being a directory crashed only at the final save."""
+    (tmp_path / "run" / "checkpoint.pt").mkdir(parents=True)
+    err = _usage_error([*TRAIN, "--out", str(tmp_path / "run")], capsys)
+    assert "--out" in err and "checkpoint.pt is a directory" in " ".join(err.split())
 
 
 def test_resume_past_steps_keeps_the_checkpoint(tmp_path, capsys):
@@ -91,3 +99,10 @@ def test_compile_check_bad_arguments_are_usage_errors(argv, capsys):
         cli.main(["compile-check", *argv])
     assert e.value.code == 2
     assert "mindspeed-ops compile-check" in capsys.readouterr().err
+
+
+def test_train_unavailable_backend_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MINDSPEED_OPS_BACKEND", "bogus")  # used to be a BackendUnavailableError traceback
+    argv = [a for a in TRAIN if a not in ("--backend", "reference")]  # --backend would override it
+    err = _usage_error([*argv, "--out", str(tmp_path / "run")], capsys)
+    assert "MINDSPEED_OPS_BACKEND=bogus" in err

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from mindspeed_ops import api
 from mindspeed_ops.ops.gdn import reference as ref
-from mindspeed_ops.testing import assert_close, assert_unchanged, snapshot, threshold
+from mindspeed_ops.testing import assert_close, assert_unchanged, dirty_tail, snapshot, threshold
 from tests.conftest import DEVICE, DTYPES
 
 OP = "chunk_gated_delta_rule"
@@ -117,6 +117,21 @@ def test_tail_tokens_and_causality():
         t[:, P:] = torch.randn_like(t[:, P:])
     o2, _ = api.chunk_gated_delta_rule(q2, k2, v2, g2, b2, initial_state=h0, cu_seqlens=cu, chunk_size=16)
     assert torch.equal(o[:, :P], o2[:, :P])
+
+
+@pytest.mark.parametrize("l2", [True, False])
+def test_nan_tail_tokens_give_finite_gradients(l2):
+    """SPEC 0.3: tail tokens (past cu_seqlens[-1]) holding NaN/huge values change nothing; found by the ATK
+    coverage audit: with the in-kernel l2norm, dq/dk of the tail rows were NaN (its backward ran over them)."""
+    q, k, v, g, beta, h0 = _inputs(1, 50, 1, 2, 16, 16, torch.float32, N=2)
+    cu = torch.tensor([0, 17, 41], device=DEVICE)
+    leaves = [dirty_tail(t, 41).requires_grad_(True) for t in (q, k, v, g, beta)]
+    o, _ = api.chunk_gated_delta_rule(*leaves, initial_state=h0, cu_seqlens=cu, chunk_size=16,
+                                      use_qk_l2norm_in_kernel=l2)
+    assert torch.isfinite(o).all() and torch.equal(o[:, 41:], torch.zeros_like(o[:, 41:]))
+    o.backward(torch.randn_like(o))
+    for t in leaves:
+        assert torch.isfinite(t.grad).all() and not t.grad[:, 41:].any()
 
 
 def test_non_contiguous_inputs_and_gradient():

@@ -142,3 +142,28 @@ def test_one_step_on_the_kernels_matches_the_reference():
     for name in g_ref:
         assert_close(f"grad {name}", g_ref[name], g_tri[name], "LA-g")
     assert callable(api.chunk_loss)
+
+
+def test_resume_from_an_unreadable_checkpoint_is_a_clear_error(tmp_path):
+    tmp_path.joinpath("checkpoint.pt").write_text("garbage")  # e.g. truncated by a full disk
+    with pytest.raises(SystemExit, match="cannot read .*checkpoint.pt"):
+        _train(tmp_path, "--steps", "1", "--resume", "--no-plot")
+    torch.save({"model": {}}, tmp_path / "checkpoint.pt")  # some other program's file
+    with pytest.raises(SystemExit, match="not a checkpoint of mindspeed-ops train"):
+        _train(tmp_path, "--steps", "1", "--resume", "--no-plot")
+
+
+def test_resume_mismatch_names_the_difference(tmp_path):
+    _train(tmp_path, "--steps", "1", "--no-plot", "--eval-batches", "0")
+    with pytest.raises(SystemExit, match=r"d_model=32 \(this run: 48\)") as e:
+        _train(tmp_path, "--steps", "2", "--resume", "--d-model", "48", "--no-plot")
+    assert "lin_heads" not in str(e.value)  # only what differs, not the whole config
+
+
+def test_small_data_is_a_clear_error(tmp_path, monkeypatch):
+    c = ByteCorpus.from_stdlib(max_bytes=1)  # used to raise "no Python source found": no validation file
+    assert c.train.numel() > 0 and c.val.numel() > 0
+    tiny = ByteCorpus(torch.zeros(20, dtype=torch.uint8), torch.zeros(20, dtype=torch.uint8), "x", 2)
+    monkeypatch.setattr(ByteCorpus, "from_stdlib", classmethod(lambda cls, **kw: tiny))
+    with pytest.raises(SystemExit, match="the train split has 20 bytes.*--data-mb"):
+        _train(tmp_path, "--steps", "1", "--no-plot")
