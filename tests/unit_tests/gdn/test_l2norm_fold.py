@@ -105,25 +105,16 @@ def _nan_tail(ins, end):
     return ins
 
 
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
 @pytest.mark.parametrize("B,T,H,HV,K,V,BT,cu,N,extra", CASES)
-def test_gdn_fold_equals_prenormalized(B, T, H, HV, K, V, BT, cu, N, extra):
-    ins, tail_nan = _case_inputs(B, T, H, HV, K, V, N, extra, kda=False)
+def test_fold_equals_prenormalized(B, T, H, HV, K, V, BT, cu, N, extra, kda):
+    ins, tail_nan = _case_inputs(B, T, H, HV, K, V, N, extra, kda=kda)
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=DEVICE)
     if tail_nan:
         ins = _nan_tail(ins, cu[-1])
-    if ins[3] is None:
+    if not kda and ins[3] is None:
         BT = 16  # GDN also has chunk_size 16: its no-decay case runs it (KDA: 64)
-    a, b = _op_pair(api.chunk_gated_delta_rule, ins, BT, cu_t)
-    _check_pair(a, b, cu_t, T)
-
-
-@pytest.mark.parametrize("B,T,H,HV,K,V,BT,cu,N,extra", CASES)
-def test_kda_fold_equals_prenormalized(B, T, H, HV, K, V, BT, cu, N, extra):
-    ins, tail_nan = _case_inputs(B, T, H, HV, K, V, N, extra, kda=True)
-    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=DEVICE)
-    if tail_nan:
-        ins = _nan_tail(ins, cu[-1])
-    a, b = _op_pair(chunk_kda, ins, BT, cu_t)
+    a, b = _op_pair(chunk_kda if kda else api.chunk_gated_delta_rule, ins, BT, cu_t)
     _check_pair(a, b, cu_t, T)
 
 
