@@ -2,7 +2,8 @@
 # One entry point for a fresh machine of this project's kind (CPU, Linux, Python >= 3.10):
 #   bash scripts/dev.sh train   # set up, then the main job: train the example hybrid LM (a few minutes on CPU)
 #   bash scripts/dev.sh check   # set up, then check every operator against its reference
-#   bash scripts/dev.sh test    # set up, then run the unit tests (Triton kernels under the CPU interpreter)
+#   bash scripts/dev.sh test    # set up, then the unit tests and the ATK accuracy suite (Triton kernels under
+#                               # the CPU interpreter); extra arguments go to pytest (then no ATK run)
 #   bash scripts/dev.sh setup   # only the set-up
 # Set-up makes ./.venv with torch 2.13.0 (CPU), triton 3.6.0 and numpy<2.4 (numpy >= 2.4 breaks the
 # Triton interpreter's runtime-bounded loops), then installs this project with its test/bench/hf extras
@@ -33,6 +34,9 @@ case "$cmd" in
     setup
     # No GPU here: tests/conftest.py turns on TRITON_INTERPRET=1 so the real kernels run on CPU.
     export OMP_NUM_THREADS=1
-    "$VENV/bin/python" -m pytest -n 2 -q -p no:cacheprovider tests "$@" ;;
+    "$VENV/bin/python" -m pytest -n 2 -q -p no:cacheprovider tests "$@"
+    if [ $# -eq 0 ]; then  # the whole suite: also every operator's ATK accuracy cases at CPU size (~2 min)
+      "$VENV/bin/mindspeed-ops" atk --suite accuracy --out "${TMPDIR:-/tmp}/mindspeed-ops-atk-cpu"
+    fi ;;
   *) echo "usage: bash scripts/dev.sh [setup|train|check|test] [args...]" >&2; exit 2 ;;
 esac

@@ -12,7 +12,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
   export PYTHONPATH=$PWD
 fi
-for b in .whl/*.tar.xz; do  # the TileLang bundle (scripts/make_tilelang_bundle.sh), optional
+# site bundles (scripts/make_tilelang_bundle.sh, make_transformers_bundle.sh); BUNDLES="" skips their unpacking
+for b in ${BUNDLES-.whl/*.tar.xz}; do
   [[ -e $b ]] || continue
   mkdir -p /tmp/site && tar -C /tmp/site -xJf "$b" && export PYTHONPATH=/tmp/site:$PWD || exit 1
 done
