@@ -222,14 +222,18 @@ def _print_summary(report: dict, con) -> None:
         from .report import summary_rows
 
         t = Table(title="atk performance (main direction)")
-        for col in ("op", "case", "shape", "dtype", "dir", "ours ms", "best other", "other/ours", "% ceiling"):
+        for col in ("op", "case", "shape", "dtype", "dir", "ours ms", "best other", "other/ours", "% ceiling",
+                    "GPU other/ours", "GPU % ceiling"):
             t.add_column(col)
         for s in summary_rows(report):
             t.add_row(*map(escape, (s["op"], s["case"], s["shape"], s["dtype"], s["direction"],
                                     "x" if s["ours_ms"] is None else f"{s['ours_ms']:.4f}",
                                     "-" if s["best_impl"] is None else f"{s['best_impl']} {s['best_ms']:.4f}",
                                     "-" if s["ratio"] is None else f"{s['ratio']:.2f}",
-                                    "-" if s["frac_ceiling"] is None else f"{100 * s['frac_ceiling']:.1f}")))
+                                    "-" if s["frac_ceiling"] is None else f"{100 * s['frac_ceiling']:.1f}",
+                                    "-" if s["graph_ratio"] is None else f"{s['graph_ratio']:.2f}",
+                                    "-" if s["frac_ceiling_graph"] is None
+                                    else f"{100 * s['frac_ceiling_graph']:.1f}")))
         con.print(t)
 
 
