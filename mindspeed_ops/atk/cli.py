@@ -32,7 +32,7 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="also write the summary table (op, ours ms, best other ms, ratio, %% of ceiling) to PATH")
     p.add_argument("--from-json", nargs="+", metavar="REPORT_JSON",
                    help="run nothing: re-render report.md/plots (into --out) and --summary-md from one or more "
-                        "report.json (several are merged, e.g. per-family GPU jobs)")
+                        "report.json (several are merged, e.g. per-family GPU jobs); --ops keeps those ops' rows")
     p.add_argument("--dtypes", help="comma-separated subset of fp32,fp16,bf16 (default: each case's own per suite)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available, else cpu")
     size = p.add_mutually_exclusive_group()
@@ -109,6 +109,10 @@ def _from_json(args, con) -> int:
     from .report import load_report, merge_reports, summary_markdown, write_all
 
     report = merge_reports([load_report(p) for p in args.from_json])
+    ops = _split(args.ops)
+    if ops:  # re-render only these ops' rows (e.g. one family's table out of a merged run)
+        for key in ("accuracy", "determinism", "performance", "skipped", "load_errors"):
+            report[key] = [r for r in report.get(key, []) if r.get("op") in ops]
     if args.out:
         paths = write_all(args.out, report, plots=not args.no_plots)
         con.print(f"wrote {paths['md']}, {paths['json']}" + (f", {len(paths['plots'])} plot(s)" if paths["plots"]

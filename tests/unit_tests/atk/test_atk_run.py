@@ -170,6 +170,10 @@ def test_performance_memory_plumbing_report_plots_summary(tmp_path, capsys, monk
                      "--out", str(tmp_path / "r3"), "--no-plots", capsys=capsys)
     merged = json.loads((tmp_path / "r3" / "report.json").read_text())
     assert code == 0 and len(merged["performance"]) == 2 * len(rows) and "merged from 2 runs:" in merged["notes"]
+    # --ops filters the rows of a re-rendered report (it used to be ignored with --from-json)
+    code, out = _atk("--from-json", str(out_dir / "report.json"), "--ops", "rms_norm", "--out", str(tmp_path / "r4"),
+                     "--no-plots", capsys=capsys)
+    assert code == 0 and json.loads((tmp_path / "r4" / "report.json").read_text())["performance"] == []
 
 
 def test_time_budget_stops_early(tmp_path, capsys):
