@@ -32,7 +32,7 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="also write the summary table (op, ours ms, best other ms, ratio, %% of ceiling) to PATH")
     p.add_argument("--from-json", nargs="+", metavar="REPORT_JSON",
                    help="run nothing: re-render report.md/plots (into --out) and --summary-md from one or more "
-                        "report.json (several are merged, e.g. per-family GPU jobs)")
+                        "report.json (several are merged, e.g. per-family GPU jobs); --ops keeps those ops' rows")
     p.add_argument("--dtypes", help="comma-separated subset of fp32,fp16,bf16 (default: each case's own per suite)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available, else cpu")
     size = p.add_mutually_exclusive_group()
@@ -109,6 +109,10 @@ def _from_json(args, con) -> int:
     from .report import load_report, merge_reports, summary_markdown, write_all
 
     report = merge_reports([load_report(p) for p in args.from_json])
+    ops = _split(args.ops)
+    if ops:  # re-render only these ops' rows (e.g. one family's table out of a merged run)
+        for key in ("accuracy", "determinism", "performance", "skipped", "load_errors"):
+            report[key] = [r for r in report.get(key, []) if r.get("op") in ops]
     if args.out:
         paths = write_all(args.out, report, plots=not args.no_plots)
         con.print(f"wrote {paths['md']}, {paths['json']}" + (f", {len(paths['plots'])} plot(s)" if paths["plots"]
@@ -222,14 +226,18 @@ def _print_summary(report: dict, con) -> None:
         from .report import summary_rows
 
         t = Table(title="atk performance (main direction)")
-        for col in ("op", "case", "shape", "dtype", "dir", "ours ms", "best other", "other/ours", "% ceiling"):
+        for col in ("op", "case", "shape", "dtype", "dir", "ours ms", "best other", "other/ours", "% ceiling",
+                    "GPU other/ours", "GPU % ceiling"):
             t.add_column(col)
         for s in summary_rows(report):
             t.add_row(*map(escape, (s["op"], s["case"], s["shape"], s["dtype"], s["direction"],
                                     "x" if s["ours_ms"] is None else f"{s['ours_ms']:.4f}",
                                     "-" if s["best_impl"] is None else f"{s['best_impl']} {s['best_ms']:.4f}",
                                     "-" if s["ratio"] is None else f"{s['ratio']:.2f}",
-                                    "-" if s["frac_ceiling"] is None else f"{100 * s['frac_ceiling']:.1f}")))
+                                    "-" if s["frac_ceiling"] is None else f"{100 * s['frac_ceiling']:.1f}",
+                                    "-" if s["graph_ratio"] is None else f"{s['graph_ratio']:.2f}",
+                                    "-" if s["frac_ceiling_graph"] is None
+                                    else f"{100 * s['frac_ceiling_graph']:.1f}")))
         con.print(t)
 
 

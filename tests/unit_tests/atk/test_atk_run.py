@@ -157,7 +157,8 @@ def test_performance_memory_plumbing_report_plots_summary(tmp_path, capsys, monk
         assert section in md, section
     assert (out_dir / "plots" / "activation.png").stat().st_size > 1000
     text = summary.read_text()
-    assert "| op | case | shape | dtype | dir | ours ms | best other (ms) | other/ours | ours % of ceiling |" in text
+    assert ("| op | case | shape | dtype | dir | ours ms | best other (ms) | other/ours | ours % of ceiling | "
+            "ours GPU ms | best other GPU (ms) | GPU other/ours | GPU % of ceiling |") in text
     assert text.count("| clipped_swiglu | split |") == 2
     # re-render from the JSON without running anything
     code, out = _atk("--from-json", str(out_dir / "report.json"), "--summary-md", str(tmp_path / "s2.md"),
@@ -169,6 +170,10 @@ def test_performance_memory_plumbing_report_plots_summary(tmp_path, capsys, monk
                      "--out", str(tmp_path / "r3"), "--no-plots", capsys=capsys)
     merged = json.loads((tmp_path / "r3" / "report.json").read_text())
     assert code == 0 and len(merged["performance"]) == 2 * len(rows) and "merged from 2 runs:" in merged["notes"]
+    # --ops filters the rows of a re-rendered report (it used to be ignored with --from-json)
+    code, out = _atk("--from-json", str(out_dir / "report.json"), "--ops", "rms_norm", "--out", str(tmp_path / "r4"),
+                     "--no-plots", capsys=capsys)
+    assert code == 0 and json.loads((tmp_path / "r4" / "report.json").read_text())["performance"] == []
 
 
 def test_time_budget_stops_early(tmp_path, capsys):
@@ -229,3 +234,22 @@ def test_atk_dir_that_is_a_file_or_empty(tmp_path, capsys):
     for flag in ("--list", "--validate"):  # used to list nothing / say "valid" with exit code 0
         assert "has no *.yaml case files" in _atk_usage_error(capsys, "--atk-dir", str(empty), flag)
     assert "no op names given" in _atk_usage_error(capsys, "--ops", ",", "--list")
+
+
+def test_summary_gpu_time_columns():
+    """The summary's GPU columns come from the CUDA-graph medians (a host-bound do_bench column can
+    rank implementations differently than their kernels do)."""
+    from mindspeed_ops.atk.report import summary_markdown, summary_rows
+
+    def row(impl, kind, ms, graph):
+        return dict(op="causal_conv1d", variant="v", shape="B=4", dtype="bf16", direction="fwd+bwd", impl=impl,
+                    kind=kind, median_ms=ms, graph_ms=graph, frac_ceiling=0.34 if kind == "ours" else None,
+                    ceiling="copy", error=None)
+
+    rep = {"performance": [row("ours", "ours", 0.931, 0.464), row("fla", "peer", 1.603, 1.589),
+                           row("compile", "compile", 3.76, None)]}
+    (s,) = summary_rows(rep)
+    assert s["best_impl"] == "fla" and abs(s["ratio"] - 1.603 / 0.931) < 1e-12
+    assert s["best_graph_impl"] == "fla" and abs(s["graph_ratio"] - 1.589 / 0.464) < 1e-12
+    assert abs(s["frac_ceiling_graph"] - 0.34 * 0.931 / 0.464) < 1e-12
+    assert "| 0.4640 | fla (1.5890) | 3.42 | 68.2 |" in summary_markdown(rep)
