@@ -30,7 +30,7 @@ def clipped_swiglu_op(gate_up: torch.Tensor, swiglu_alpha: float, swiglu_limit: 
                       interleaved: bool) -> torch.Tensor:
     _launch.check_args(gate_up, swiglu_alpha, swiglu_limit)
     impl = backends.implementation("clipped_swiglu", gate_up.device)
-    return impl.forward(gate_up, swiglu_alpha, swiglu_limit, interleaved)
+    return impl.forward(gate_up, swiglu_alpha, swiglu_limit, interleaved).contiguous()  # contiguous like the fake (the reference backend follows the inputs' layout)
 
 
 @clipped_swiglu_op.register_fake
@@ -43,7 +43,7 @@ def _(gate_up, swiglu_alpha, swiglu_limit, interleaved):
 def clipped_swiglu_bwd_op(dout: torch.Tensor, gate_up: torch.Tensor, swiglu_alpha: float,
                           swiglu_limit: Optional[float], interleaved: bool) -> torch.Tensor:
     impl = backends.implementation("clipped_swiglu", gate_up.device)
-    return impl.backward(dout, gate_up, swiglu_alpha, swiglu_limit, interleaved)
+    return impl.backward(dout, gate_up, swiglu_alpha, swiglu_limit, interleaved).contiguous()
 
 
 @clipped_swiglu_bwd_op.register_fake

@@ -29,7 +29,10 @@ OP = "causal_conv1d"
 def _ref_backward(dy, dfinal, x, weight, bias, initial_state, activation, cu_seqlens):
     grads = reference_vjp(_ref.causal_conv1d, (x, weight, bias, None, initial_state), (dy, dfinal), activation,
                           cu_seqlens, True)
-    return grads[0], grads[1], grads[2], grads[4]
+    # fresh contiguous buffers: autograd through the reference's concatenation of initial_state and x
+    # returns dx and dinitial_state as views of one buffer (outputs of a custom op may not alias)
+    return tuple(None if t is None else t.clone(memory_format=torch.contiguous_format)
+                 for t in (grads[0], grads[1], grads[2], grads[4]))
 
 
 backends.register(OP, "triton", forward=_launch.forward, backward=_launch.backward)
@@ -50,7 +53,7 @@ def causal_conv1d_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     y, fs = impl.forward(x, weight, bias, residual, initial_state, activation, cu_seqlens, output_final_state)
     if fs is None:
         fs = _empty(x, x.dtype if initial_state is None else initial_state.dtype)
-    return y, fs
+    return y.contiguous(), fs.contiguous()  # like the fake (the reference's final_state is a transposed view)
 
 
 @causal_conv1d_op.register_fake

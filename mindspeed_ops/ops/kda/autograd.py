@@ -76,7 +76,9 @@ def chunk_kda_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
     impl = backends.implementation(OP, q.device)
     o, final, G, Akk, Aqk = impl.forward(q, k, v, g, beta, scale, initial_state, output_final_state,
                                          use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size)
-    return o, (_empty(o) if final is None else final), G, Akk, Aqk
+    # contiguous like the fake (the reference backend follows the inputs' layout)
+    return (o.contiguous(), (_empty(o) if final is None else final.contiguous()), G.contiguous(), Akk.contiguous(),
+            Aqk.contiguous())
 
 
 @chunk_kda_op.register_fake
@@ -100,14 +102,21 @@ def chunk_kda_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Ten
     impl = backends.implementation(OP, q.device)
     dq, dk, dv, dg, dbeta, dh0 = impl.backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale,
                                                use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size)
-    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), dbeta.to(beta.dtype),
-            _empty(q) if dh0 is None else dh0.to(initial_state.dtype))
+    # contiguous, like the fake: torch.empty_like there kept a permuted input's strides (a [B, H, T, K]
+    # tensor seen as [B, T, H, K]) while the kernels return contiguous gradients -> compile failed
+    cont = torch.contiguous_format
+    return (dq.to(q.dtype, memory_format=cont), dk.to(k.dtype, memory_format=cont),
+            dv.to(v.dtype, memory_format=cont), dg.to(g.dtype, memory_format=cont),
+            dbeta.to(beta.dtype, memory_format=cont),
+            _empty(q) if dh0 is None else dh0.to(initial_state.dtype, memory_format=cont))
 
 
 @chunk_kda_bwd_op.register_fake
 def _(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size):
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
-            torch.empty_like(beta), q.new_empty(0) if initial_state is None else torch.empty_like(initial_state))
+    def like(t):
+        return torch.empty_like(t, memory_format=torch.contiguous_format)
+    return (like(q), like(k), like(v), like(g), like(beta),
+            q.new_empty(0) if initial_state is None else like(initial_state))
 
 
 def _setup(ctx, inputs, output):

@@ -100,7 +100,7 @@ def ce_bwd_op(grad: torch.Tensor, logits: torch.Tensor, lse: torch.Tensor, label
               softcap: Optional[float]) -> torch.Tensor:
     impl = backends.implementation(CE, logits.device)
     return impl.backward(grad, logits, lse, labels, loss_weight, ignore_index, label_smoothing, lse_square_scale,
-                         softcap)
+                         softcap).contiguous()  # like the fake (the reference follows logits' layout)
 
 
 @ce_bwd_op.register_fake
@@ -179,7 +179,8 @@ def chunk_op(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, b
                        need_dbias)
     # gradients not computed (None) become empty placeholders of the fake function's dtypes
     shapes = _chunk_grad_shapes(hidden, weight, bias, reduction, need_dhidden, need_dweight, need_dbias)
-    return (out[0], out[1], *_placeholders(out[2:], shapes, hidden))
+    # contiguous like the fake (the reference's gradients follow the inputs' layout)
+    return tuple(t.contiguous() for t in (out[0], out[1], *_placeholders(out[2:], shapes, hidden)))
 
 
 @chunk_op.register_fake
@@ -207,7 +208,7 @@ def chunk_bwd_op(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
                         lse_square_scale, softcap, r, compute_dtype, accum_dtype, need_dhidden,
                         need_dweight, need_dbias)
     shapes = _chunk_grad_shapes(hidden, weight, bias, "sum", need_dhidden, need_dweight, need_dbias)
-    return _placeholders(out, shapes, hidden)
+    return tuple(t.contiguous() for t in _placeholders(out, shapes, hidden))
 
 
 @chunk_bwd_op.register_fake
@@ -221,7 +222,7 @@ def _(grad, hidden, weight, labels, bias, loss_weight, lse, ignore_index, label_
 def chunk_scale_op(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """``x·s`` (``s`` a 0-dim fp32 tensor): the backward of chunk_loss mean/sum, fp32 product, one rounding."""
     if backends.implementation(CHUNK, x.device).backend == "reference":
-        return (x.to(torch.float32) * s.to(torch.float32)).to(x.dtype)
+        return (x.to(torch.float32) * s.to(torch.float32)).to(x.dtype).contiguous()
     return _chunk.scale(x, s)
 
 

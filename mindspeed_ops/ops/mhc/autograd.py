@@ -37,7 +37,8 @@ def sinkhorn_op(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tens
                 sinkhorn_iters: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _sk.check_args(mixes, hc_scale, hc_base, hc_mult, sinkhorn_iters, eps)
     impl = backends.implementation("sinkhorn", mixes.device)
-    return tuple(impl.forward(mixes, hc_scale, hc_base, hc_mult, sinkhorn_iters, eps))
+    # contiguous like the fake (the reference backend follows the inputs' layout)
+    return tuple(t.contiguous() for t in impl.forward(mixes, hc_scale, hc_base, hc_mult, sinkhorn_iters, eps))
 
 
 @sinkhorn_op.register_fake
@@ -52,7 +53,8 @@ def sinkhorn_bwd_op(dpre: torch.Tensor, dpost: torch.Tensor, dcomb: torch.Tensor
                     hc_scale: torch.Tensor, hc_base: torch.Tensor, hc_mult: int, sinkhorn_iters: int,
                     eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     impl = backends.implementation("sinkhorn", mixes.device)
-    return tuple(impl.backward(dpre, dpost, dcomb, mixes, hc_scale, hc_base, hc_mult, sinkhorn_iters, eps))
+    return tuple(t.contiguous() for t in impl.backward(dpre, dpost, dcomb, mixes, hc_scale, hc_base, hc_mult,
+                                                       sinkhorn_iters, eps))
 
 
 @sinkhorn_bwd_op.register_fake
@@ -125,7 +127,7 @@ backends.register(
 @torch.library.custom_op("mindspeed_ops::sinkhorn_knopp", mutates_args=())
 def sinkhorn_knopp_op(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     _sk.check_knopp_args(logits, iters, eps)
-    return backends.implementation("sinkhorn_knopp", logits.device).forward(logits, iters, eps)
+    return backends.implementation("sinkhorn_knopp", logits.device).forward(logits, iters, eps).contiguous()
 
 
 @sinkhorn_knopp_op.register_fake
@@ -136,7 +138,7 @@ def _(logits, iters, eps):
 
 @torch.library.custom_op("mindspeed_ops::sinkhorn_knopp_bwd", mutates_args=())
 def sinkhorn_knopp_bwd_op(dp: torch.Tensor, logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    return backends.implementation("sinkhorn_knopp", logits.device).backward(dp, logits, iters, eps)
+    return backends.implementation("sinkhorn_knopp", logits.device).backward(dp, logits, iters, eps).contiguous()
 
 
 @sinkhorn_knopp_bwd_op.register_fake
@@ -189,7 +191,7 @@ backends.register(
 @torch.library.custom_op("mindspeed_ops::mhc_pre_bmm", mutates_args=())
 def mhc_pre_bmm_op(pre: torch.Tensor, x: torch.Tensor, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
     _pre.check_args(pre, x, out_dtype)
-    return backends.implementation("mhc_pre_bmm", x.device).forward(pre, x, out_dtype)
+    return backends.implementation("mhc_pre_bmm", x.device).forward(pre, x, out_dtype).contiguous()
 
 
 @mhc_pre_bmm_op.register_fake
@@ -201,7 +203,8 @@ def _(pre, x, out_dtype):
 @torch.library.custom_op("mindspeed_ops::mhc_pre_bmm_bwd", mutates_args=())
 def mhc_pre_bmm_bwd_op(dy: torch.Tensor, pre: torch.Tensor, x: torch.Tensor,
                        out_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor]:
-    return tuple(backends.implementation("mhc_pre_bmm", x.device).backward(dy, pre, x, out_dtype))
+    return tuple(t.contiguous() for t in backends.implementation("mhc_pre_bmm", x.device).backward(dy, pre, x,
+                                                                                             out_dtype))
 
 
 @mhc_pre_bmm_bwd_op.register_fake
@@ -254,7 +257,7 @@ backends.register(
 @torch.library.custom_op("mindspeed_ops::mhc_post", mutates_args=())
 def mhc_post_op(x: torch.Tensor, residual: torch.Tensor, h_post: torch.Tensor, h_res: torch.Tensor) -> torch.Tensor:
     _post.check_args(x, residual, h_post, h_res)
-    return backends.implementation("mhc_post", x.device).forward(x, residual, h_post, h_res)
+    return backends.implementation("mhc_post", x.device).forward(x, residual, h_post, h_res).contiguous()
 
 
 @mhc_post_op.register_fake
@@ -266,7 +269,9 @@ def _(x, residual, h_post, h_res):
 @torch.library.custom_op("mindspeed_ops::mhc_post_bwd", mutates_args=())
 def mhc_post_bwd_op(dout: torch.Tensor, x: torch.Tensor, residual: torch.Tensor, h_post: torch.Tensor,
                     h_res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return tuple(backends.implementation("mhc_post", x.device).backward(dout, x, residual, h_post, h_res))
+    # contiguous like the fake (the reference's dh_res comes back transposed)
+    return tuple(t.contiguous() for t in backends.implementation("mhc_post", x.device).backward(
+        dout, x, residual, h_post, h_res))
 
 
 @mhc_post_bwd_op.register_fake
