@@ -31,31 +31,25 @@ def _point(case, shape: str | None, quick: bool):
 
 
 def _step_fns(case, point, dtype, device):
-    """(forward step, forward+backward step or None), as the ATK harness times them for ``ours``."""
+    """(forward step, forward+backward step or None): the ATK harness's own runners for ``ours``."""
     from mindspeed_ops.atk.inputs import build_inputs, call_kwargs
-    from mindspeed_ops.atk.measure import as_tensors
+    from mindspeed_ops.atk.measure import Impl, _fwd_runner, _fwdbwd_runner
     from mindspeed_ops.atk.runner import resolve_callable
 
     call = resolve_callable(case.call)
     extra = call_kwargs(case, point.dims, dtype)
     inputs = build_inputs(case, point.dims, dtype, device)
     grad_names = tuple(n for n in case.grads if isinstance(inputs.get(n), torch.Tensor))
-    leaves = {k: (v.detach().requires_grad_(True) if k in grad_names else v) for k, v in inputs.items()}
+    impl = Impl("ours", "ours", (lambda **kw: call(**kw, **extra)) if extra else call)
+    fwd = _fwd_runner(impl, inputs)
 
-    def fwd():
+    def fwd_no_grad():
         with torch.no_grad():
-            return call(**inputs, **extra)
+            return fwd()
 
-    if not grad_names or case.mutates:
-        return fwd, None
-    wrt = [leaves[k] for k in grad_names]
-    dys = [torch.randn_like(o) for o in as_tensors(call(**leaves, **extra)) if o.requires_grad]
-
-    def fwd_bwd():
-        outs = [o for o in as_tensors(call(**leaves, **extra)) if o.requires_grad]
-        return torch.autograd.grad(outs, wrt, dys)
-
-    return fwd, fwd_bwd
+    if not grad_names or case.mutates:  # in-place ops: the forward only
+        return fwd_no_grad, None
+    return fwd_no_grad, _fwdbwd_runner(impl, inputs, grad_names)
 
 
 def profile(fn, device: str, rows: int, reps: int = 5) -> str:

@@ -251,6 +251,26 @@ def assert_compiled_matches_eager(fn, compiled, calls, rtol: float = 1e-5, atol:
             torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
 
 
+def assert_linear_attention_compiles(op, make_inputs, chunk_size: int, T_varlen: int, dynamic) -> None:
+    """``torch.compile(fullgraph=True, dynamic=dynamic)`` of a chunked linear-attention op (``chunk_kda``,
+    ``chunk_gated_delta_rule``) with B/T changing between calls and then varlen with a zero-length sequence:
+    the loss ``Σo² + Σfinal_state`` and every gradient match eager. ``make_inputs(B=, T=, N=, V=)`` returns
+    ``(q, k, v, g, beta, initial_state)`` on the test device."""
+    torch._dynamo.reset()
+
+    def fn(q, k, v, g, beta, h0, cu):
+        o, fs = op(q, k, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                   cu_seqlens=cu, chunk_size=chunk_size)
+        return o.pow(2).sum() + fs.sum()
+
+    calls = [(dict(B=1, T=20), None), (dict(B=2, T=27), None), (dict(B=1, T=T_varlen, N=3), [0, 7, 7, T_varlen])]
+    args = []
+    for shape, cu in calls:
+        ins = make_inputs(**shape, V=8)
+        args.append((ins, None if cu is None else torch.tensor(cu, device=ins[0].device)))
+    assert_compiled_matches_eager(fn, torch.compile(fn, fullgraph=True, dynamic=dynamic), args)
+
+
 def dirty_tail(t: Optional[torch.Tensor], end: int) -> Optional[torch.Tensor]:
     """A copy of ``t`` (``[B, T, ...]``) with NaN and huge finite values at token positions ``>= end``
     (the tail past ``cu_seqlens[-1]``, which a varlen kernel must never read); None stays None."""

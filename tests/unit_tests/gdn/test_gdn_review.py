@@ -16,7 +16,7 @@ from mindspeed_ops.api.triton.chunk_scaled_dot_kkt import chunk_scaled_dot_kkt_f
 from mindspeed_ops.api.triton.solve_tril import solve_tril
 from mindspeed_ops.api.triton.utils import prepare_chunk_indices
 from mindspeed_ops.api.triton.wy_fast import prepare_wy_repr_bwd, recompute_w_u_fwd
-from mindspeed_ops.testing import assert_compiled_matches_eager
+from mindspeed_ops.testing import assert_linear_attention_compiles
 from tests.conftest import DEVICE
 
 BT = 32
@@ -111,17 +111,7 @@ def test_compile_sizes_change_and_varlen(dynamic):
     """torch.compile(fullgraph=True) with T/B changing between calls (dynamic=True and the default
     automatic dynamic shapes), then varlen with a different number of sequences: same values and
     gradients as eager."""
-    torch._dynamo.reset()
-
-    def fn(q, k, v, g, beta, h0, cu):
-        o, fs = api.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                           use_qk_l2norm_in_kernel=True, cu_seqlens=cu, chunk_size=16)
-        return o.pow(2).sum() + fs.sum()
-    cf = torch.compile(fn, fullgraph=True, dynamic=dynamic)
-    calls = [(dict(B=1, T=20), None), (dict(B=2, T=27), None), (dict(B=1, T=30, N=3), [0, 7, 7, 30])]
-    assert_compiled_matches_eager(fn, cf, [(_inputs(**shape, K=16, V=8),
-                                            None if cu is None else torch.tensor(cu, device=DEVICE))
-                                           for shape, cu in calls])
+    assert_linear_attention_compiles(api.chunk_gated_delta_rule, lambda **kw: _inputs(**kw, K=16), 16, 30, dynamic)
 
 
 def test_stage_functions_follow_a_global_reference_request(monkeypatch):
