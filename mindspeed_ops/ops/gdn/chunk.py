@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from ... import backends
+from ..norm.l2norm import rstd as _l2_rstd
 from . import bwd_dhu, bwd_dqkwg, bwd_dv, cumsum, fwd_h, fwd_o, kkt, solve_tril, wy_fast
 from .common import device_tables, zero_tail_rows
 
@@ -33,16 +34,18 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
     ``cu_seqlens`` (each check would be a device->host copy, i.e. a synchronisation)."""
     BT = chunk_size
     cu, idx = device_tables(cu_host, BT, q.device)
+    # the l2norm is folded in: raw q, k and their rstd go to the stages, so q̂ = rstd·q is never rounded
+    # to the input dtype (without decay, a rounded ‖k̂‖ != 1 compounds through the state)
+    rq = rk = None
     if use_qk_l2norm_in_kernel:
-        q, _ = _l2norm(q).forward(q, L2_EPS, None)
-        k, _ = _l2norm(k).forward(k, L2_EPS, None)
+        rq, rk = _l2_rstd(q, L2_EPS), _l2_rstd(k, L2_EPS)
     G = None if g is None else cumsum.forward(g, BT, False, None, cu_host, cu, torch.float32, idx)
     HV = v.shape[2]
-    A = kkt.forward(k, G, None, beta, HV, cu_host, cu, BT, torch.float32, idx)
+    A = kkt.forward(k, G, None, beta, HV, cu_host, cu, BT, torch.float32, idx, rk=rk)
     Ainv = solve_tril.forward(A, cu_host, cu, k.dtype, idx)
-    w, u = wy_fast.forward(k, v, beta, Ainv, G, None, cu_host, cu, idx)
-    h, v_new, final = fwd_h.forward(k, w, u, G, None, initial_state, output_final_state, BT, True, cu_host)
-    o = fwd_o.forward(q, k, v_new, h, G, scale, cu_host, cu, BT, idx)
+    w, u = wy_fast.forward(k, v, beta, Ainv, G, None, cu_host, cu, idx, rk=rk)
+    h, v_new, final = fwd_h.forward(k, w, u, G, None, initial_state, output_final_state, BT, True, cu_host, rk=rk)
+    o = fwd_o.forward(q, k, v_new, h, G, scale, cu_host, cu, BT, idx, rq=rq, rk=rk)
     return o, final, G, Ainv
 
 

@@ -73,6 +73,16 @@ def prune_v_tiles(configs, named_args, **kwargs):
     return kept or configs[:1]
 
 
+def row_factor_args(r: Optional[torch.Tensor], dummy: torch.Tensor) -> tuple:
+    """``(pointer, s_b, s_t, s_h)`` of an optional per-token factor ``[B, T, H]`` (the fp32 l2norm rstd of
+    q or k that the forward stages fold into their products); the dummy and zero strides without one."""
+    if r is None:
+        return dummy, 0, 0, 0
+    if r.dtype != torch.float32 or r.dim() != 3:
+        raise ValueError(f"row factor: expected a [B, T, H] float32 tensor, got {shape_str(r.shape)} {r.dtype}")
+    return (r, *r.stride())
+
+
 def zero_tail_rows(cu_host: Optional[list], *grads: torch.Tensor) -> None:
     """Gradients of the tail tokens (at or after ``cu_seqlens[-1]``) set to 0 in place: the l2norm backward
     runs over every row, and whatever q/k hold there (NaN included, SPEC 0.3) must not leak into them."""

@@ -9,7 +9,7 @@ from ... import triton_utils as tu
 from ...validation import (check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str)
 from ..common import unit_last_stride
 from . import reference_fwd as _ref
-from .common import chunk_table, sequence_chunks, use_triton
+from .common import chunk_table, row_factor_args, sequence_chunks, use_triton
 
 OP = "chunk_gated_delta_rule_fwd_h"
 MAX_K = 256
@@ -132,7 +132,7 @@ def _kernel():
         from .triton_fwd import chunk_fwd_h_kernel
 
         _KERNEL = tu.autotune(_configs(), key=["HV", "GQ", "K", "V", "BT", "USE_G", "USE_GK", "HAS_H0",
-                                               "STORE_FINAL", "SAVE_VNEW", "IS_VARLEN"],
+                                               "STORE_FINAL", "SAVE_VNEW", "IS_VARLEN", "HAS_RK"],
                                 prune_configs_by={"early_config_prune": _prune})(chunk_fwd_h_kernel)
     return _KERNEL
 
@@ -153,8 +153,8 @@ def _block_k(K: int) -> tuple[int, int]:
     return bk, tu.cdiv(K, bk)
 
 
-def forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_new_value, cu_host):
-    """Triton launch (arguments already validated)."""
+def forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_new_value, cu_host, rk=None):
+    """Triton launch (arguments already validated); ``rk``: see ``kkt.forward``."""
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     BT = chunk_size
@@ -172,18 +172,19 @@ def forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_
         BK, NK = _block_k(K)
         dummy = kk
         z3 = (0, 0, 0)
+        r_ptr, *sr = row_factor_args(rk, dummy)
         grid = lambda meta: (N * HV * tu.cdiv(V, meta["BV"]),)  # noqa: E731
         _kernel()[grid](
             kk, ww, uu, dummy if gg is None else gg, dummy if gkk is None else gkk, dummy if h0 is None else h0,
             h, dummy if vn is None else vn, dummy if ht is None else ht, dummy if cu is None else cu,
-            dummy if off is None else off,
+            dummy if off is None else off, r_ptr,
             T, HV, HV // H, K, V,
             *kk.stride()[:3], *ww.stride()[:3], *uu.stride()[:3],
             *(gg.stride() if gg is not None else z3), *(gkk.stride()[:3] if gkk is not None else z3),
             *(h0.stride()[:3] if h0 is not None else z3), *h.stride()[:4],
-            *(vn.stride()[:3] if vn is not None else z3), *(ht.stride()[:3] if ht is not None else z3),
+            *(vn.stride()[:3] if vn is not None else z3), *(ht.stride()[:3] if ht is not None else z3), *sr,
             BT=BT, BK=BK, NK=NK, USE_G=g is not None, USE_GK=gk is not None, HAS_H0=h0 is not None,
-            STORE_FINAL=ht is not None, SAVE_VNEW=vn is not None, IS_VARLEN=cu is not None)
+            STORE_FINAL=ht is not None, SAVE_VNEW=vn is not None, IS_VARLEN=cu is not None, HAS_RK=rk is not None)
     elif ht is not None:  # no heads / empty dims: the state passes through
         ht.copy_(initial_state) if initial_state is not None else ht.zero_()
     return tu.finish(h, k.dtype), (None if vn is None else tu.finish(vn, u.dtype)), ht

@@ -10,7 +10,7 @@ from ... import triton_utils as tu
 from ...validation import check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str
 from ..common import unit_last_stride
 from . import reference_fwd as _ref
-from .common import chunk_table, prune_v_tiles, use_triton
+from .common import chunk_table, prune_v_tiles, row_factor_args, use_triton
 from .fwd_h import kernel_view
 
 OP = "chunk_fwd_o"
@@ -99,13 +99,14 @@ def _kernel():
     if _KERNEL is None:
         from .triton_fwd import chunk_fwd_o_kernel
 
-        _KERNEL = tu.autotune(_configs(), key=["HV", "GQ", "K", "V", "BT", "USE_G", "IS_VARLEN"],
+        _KERNEL = tu.autotune(_configs(), key=["HV", "GQ", "K", "V", "BT", "USE_G", "IS_VARLEN", "HAS_R"],
                               prune_configs_by={"early_config_prune": _prune})(chunk_fwd_o_kernel)
     return _KERNEL
 
 
-def forward(q, k, v, h, g, scale, cu_host, cu_seqlens, chunk_size, chunk_indices=None):
-    """Triton launch (arguments already validated)."""
+def forward(q, k, v, h, g, scale, cu_host, cu_seqlens, chunk_size, chunk_indices=None, rq=None, rk=None):
+    """Triton launch (arguments already validated). ``rq``, ``rk`` (both or neither, ``[B, T, H]`` fp32, one
+    layout): q and k are raw and the products use their l2norm ``rstd·q``, ``rstd·k``."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
@@ -119,10 +120,15 @@ def forward(q, k, v, h, g, scale, cu_host, cu_seqlens, chunk_size, chunk_indices
         BK = max(16, min(64, tu.next_power_of_2(K)))
         dummy = qq
         grid = lambda meta: (NT * B * HV * tu.cdiv(V, meta["BV"]),)  # noqa: E731
+        rq_ptr, *sr = row_factor_args(rq, dummy)
+        rk_ptr = row_factor_args(rk, dummy)[0]
+        if rq is not None and (rk is None or rk.stride() != rq.stride()):
+            raise ValueError("chunk_fwd_o: rq and rk must both be given, with one layout")
         _kernel()[grid](
             qq, kk, vv, hh, dummy if gg is None else gg, o, dummy if cu is None else cu,
-            dummy if idx is None else idx, T, B, HV, HV // H, K, V, float(K ** -0.5 if scale is None else scale),
+            dummy if idx is None else idx, rq_ptr, rk_ptr, T, B, HV, HV // H, K, V,
+            float(K ** -0.5 if scale is None else scale),
             *qq.stride()[:3], *kk.stride()[:3], *vv.stride()[:3], *hh.stride()[:4],
-            *(gg.stride() if gg is not None else (0, 0, 0)), *o.stride()[:3],
-            BT=BT, BK=BK, USE_G=g is not None, IS_VARLEN=idx is not None)
+            *(gg.stride() if gg is not None else (0, 0, 0)), *o.stride()[:3], *sr,
+            BT=BT, BK=BK, USE_G=g is not None, IS_VARLEN=idx is not None, HAS_R=rq is not None)
     return tu.finish(o, v.dtype)

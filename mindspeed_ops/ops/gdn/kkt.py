@@ -8,7 +8,7 @@ import torch
 from ... import triton_utils as tu
 from ...validation import check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str
 from . import reference_wy as _ref
-from .common import chunk_table, use_triton
+from .common import chunk_table, row_factor_args, use_triton
 
 OP = "chunk_scaled_dot_kkt_fwd"
 CHUNK_SIZES = (16, 32, 64)
@@ -108,8 +108,9 @@ chunk_scaled_dot_kkt = chunk_scaled_dot_kkt_fwd
 
 def forward(k: torch.Tensor, g: Optional[torch.Tensor], gk: Optional[torch.Tensor], beta: Optional[torch.Tensor],
             HV: int, cu_host: Optional[list], cu_seqlens: Optional[torch.Tensor], BT: int, out_dtype: torch.dtype,
-            chunk_indices: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Triton launch (arguments already validated)."""
+            chunk_indices: Optional[torch.Tensor] = None, rk: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Triton launch (arguments already validated). ``rk`` ``[B, T, H]`` fp32: k is raw and the products
+    use ``k̂ = rk·k`` (the l2norm folded in, k̂ never rounded)."""
     from .triton_wy import kkt_fwd_kernel, kkt_gk_fwd_kernel
 
     B, T, H, K = k.shape
@@ -125,13 +126,16 @@ def forward(k: torch.Tensor, g: Optional[torch.Tensor], gk: Optional[torch.Tenso
         common = dict(K=K, BT=BT, BK=BK, HAS_BETA=bx is not None, IS_VARLEN=idx is not None, num_warps=nw,
                       num_stages=ns)
         grid = (NT * B * HV,)
+        r_ptr, *sr = row_factor_args(rk, dummy)
         args = (kx, gx if gx is not None else dummy, bx if bx is not None else dummy, out,
-                cu if cu is not None else dummy, idx if idx is not None else dummy, T, B * HV, HV, HV // H)
+                cu if cu is not None else dummy, idx if idx is not None else dummy, r_ptr, T, B * HV, HV, HV // H)
         if gk is None:
             sg = gx.stride() if gx is not None else (0, 0, 0)
-            kkt_fwd_kernel[grid](*args, *kx.stride(), *sg, *sb, *out.stride(), HAS_G=gx is not None, **common)
+            kkt_fwd_kernel[grid](*args, *kx.stride(), *sg, *sb, *out.stride(), *sr, HAS_G=gx is not None,
+                                 HAS_RK=rk is not None, **common)
         else:
-            kkt_gk_fwd_kernel[grid](*args, *kx.stride(), *gx.stride(), *sb, *out.stride(), **common)
+            kkt_gk_fwd_kernel[grid](*args, *kx.stride(), *gx.stride(), *sb, *out.stride(), *sr,
+                                    HAS_RK=rk is not None, **common)
     elif K == 0 and NT:
         out.zero_()
     return tu.finish(out, out_dtype)

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ...triton_utils import i64
-from .triton_kernels import _chunk_v_tile, _mm
+from .triton_kernels import _chunk_v_tile, _mm, _row_factor
 
 
 # ------------------------------------------------------------------------------------------------
@@ -46,15 +46,18 @@ def _w_times_state(w_c, o_t, rmask, s_wt, i_kb, K, S, BK: tl.constexpr):
 
 @triton.jit
 def _state_update(S, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, i_kb, K, b_v,
-                  BK: tl.constexpr, USE_GK: tl.constexpr):
+                  BK: tl.constexpr, USE_GK: tl.constexpr, rk_c=None, s_rt=0, RK_ON_K: tl.constexpr = False):
     """``S_block ← [diag(e^{Γ})] S_block + (k_block [⊙ e^{Γ − G}])ᵀ b_v``; ``b_v`` is already scaled by
     the scalar factor ``e^{Γ − G_i}`` and cast to k's dtype; the scalar decay of S is applied by the
     caller. ``k`` is read transposed ([BK, BT]) straight from memory; ``k_c``/``gk_c`` point at the
-    chunk's first token, ``last`` is the chunk's last valid row."""
+    chunk's first token, ``last`` is the chunk's last valid row. ``RK_ON_K``: k's columns are scaled by
+    the l2norm rstd at ``rk_c`` (fp32, then cast) instead of ``b_v`` (fp16: rstd·v_new can overflow)."""
     d = i_kb * BK + tl.arange(0, BK)
     dmask = d < K
     m = dmask[:, None] & rmask[None, :]
     b_kt = tl.load(k_c + o_t[None, :] * s_kt + d[:, None], mask=m, other=0.0)
+    if RK_ON_K:
+        b_kt = (b_kt.to(tl.float32) * _row_factor(rk_c, o_t, rmask, s_rt)[None, :]).to(b_v.dtype)
     if USE_GK:
         g_last = tl.load(gk_c + last * s_gkt + d, mask=dmask, other=0.0).to(tl.float32)
         b_gk = tl.load(gk_c + o_t[None, :] * s_gkt + d[:, None], mask=m, other=0.0).to(tl.float32)
@@ -65,14 +68,15 @@ def _state_update(S, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, i_kb, K, b_v,
 
 
 @triton.jit
-def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr, ht_ptr, cu_ptr, off_ptr,
+def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr, ht_ptr, cu_ptr, off_ptr, rk_ptr,
                        T, HV, GQ, K, V,
                        s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_gb, s_gt, s_gh,
                        s_gkb, s_gkt, s_gkh, s_0n, s_0h, s_0k, s_hb, s_hc, s_hh, s_hk, s_vb, s_vt, s_vh,
-                       s_tn, s_th, s_tk,
+                       s_tn, s_th, s_tk, s_rb, s_rt, s_rh,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr,
                        USE_G: tl.constexpr, USE_GK: tl.constexpr, HAS_H0: tl.constexpr,
-                       STORE_FINAL: tl.constexpr, SAVE_VNEW: tl.constexpr, IS_VARLEN: tl.constexpr):
+                       STORE_FINAL: tl.constexpr, SAVE_VNEW: tl.constexpr, IS_VARLEN: tl.constexpr,
+                       HAS_RK: tl.constexpr = False):
     """One (sequence, value head, V-tile of ``BV``) per program, scanning the sequence's chunks with
     the fp32 state ``[K, BV]`` in registers as up to four ``[BK, BV]`` blocks (``K <= 4·BK``).
 
@@ -82,7 +86,10 @@ def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr
     ``(sequence · HV + head) · NV + V-tile``; varlen sequences take their tokens from ``cu_seqlens``
     and their first chunk's index in ``h`` from ``off`` (exclusive cumsum of chunks per sequence).
     Addressing: int64 scalar bases per chunk (token offsets past 2^31 are fine), int32 offsets
-    inside the ``[BT, ·]`` tiles."""
+    inside the ``[BT, ·]`` tiles. ``HAS_RK``: k is the raw key and ``rk`` its l2norm rstd,
+    folded into ``v_new`` (``kᵀ diag(rk) v_new``) so the normalized key is never rounded; fp16 folds it
+    into k instead (``rk`` is up to 1/sqrt(eps) = 1000, a zero key's, so ``rk·v_new`` rounded to fp16 passes
+    65504 for ``|v_new| > 65.5``, and inf·0 put NaN in the state)."""
     pid = tl.program_id(0).to(tl.int64)
     NV = tl.cdiv(V, BV)
     i_v = pid % NV
@@ -128,6 +135,7 @@ def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr
         if NK > 3:
             S4 = _load_state(h0_base, 3, cols, K, nv, s_0k, BK)
 
+    RK_ON_K: tl.constexpr = HAS_RK and k_ptr.dtype.element_ty == tl.float16  # see the docstring
     NTn = (eos - bos + BT - 1) // BT
     for i_t in range(0, NTn):
         start = bos + i64(i_t) * BT
@@ -168,14 +176,20 @@ def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr
                 S3 = S3 * dec
             if NK > 3:
                 S4 = S4 * dec
+        rk_c = rk_ptr + i_b * s_rb + (i_h // GQ) * s_rh + start * s_rt
+        if HAS_RK and not RK_ON_K:
+            b_v = b_v * _row_factor(rk_c, o_t, rmask, s_rt)[:, None]
         b_v = b_v.to(k_ptr.dtype.element_ty)
-        S1 = _state_update(S1, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 0, K, b_v, BK, USE_GK)
+        S1 = _state_update(S1, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 0, K, b_v, BK, USE_GK, rk_c, s_rt, RK_ON_K)
         if NK > 1:
-            S2 = _state_update(S2, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 1, K, b_v, BK, USE_GK)
+            S2 = _state_update(S2, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 1, K, b_v, BK, USE_GK, rk_c, s_rt,
+                               RK_ON_K)
         if NK > 2:
-            S3 = _state_update(S3, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 2, K, b_v, BK, USE_GK)
+            S3 = _state_update(S3, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 2, K, b_v, BK, USE_GK, rk_c, s_rt,
+                               RK_ON_K)
         if NK > 3:
-            S4 = _state_update(S4, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 3, K, b_v, BK, USE_GK)
+            S4 = _state_update(S4, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 3, K, b_v, BK, USE_GK, rk_c, s_rt,
+                               RK_ON_K)
 
     if STORE_FINAL:
         ht_base = ht_ptr + i_n * s_tn + i_h * s_th + v0
@@ -193,12 +207,12 @@ def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr
 # ------------------------------------------------------------------------------------------------
 
 @triton.jit
-def chunk_fwd_o_kernel(q_ptr, k_ptr, v_ptr, h_ptr, g_ptr, o_ptr, cu_ptr, idx_ptr,
+def chunk_fwd_o_kernel(q_ptr, k_ptr, v_ptr, h_ptr, g_ptr, o_ptr, cu_ptr, idx_ptr, rq_ptr, rk_ptr,
                        T, B, HV, GQ, K, V, scale,
                        s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_hb, s_hc, s_hh, s_hk,
-                       s_gb, s_gt, s_gh, s_ob, s_ot, s_oh,
+                       s_gb, s_gt, s_gh, s_ob, s_ot, s_oh, s_rb, s_rt, s_rh,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
-                       IS_VARLEN: tl.constexpr):
+                       IS_VARLEN: tl.constexpr, HAS_R: tl.constexpr = False):
     """One (chunk, value head, V-tile of ``BV``) per program:
     ``o = scale·(e^{G} ⊙ (q S_c) + ((q kᵀ) ⊙ e^{G_i − G_j})_{j ≤ i} v)``, looping over K in blocks of
     ``BK`` for both ``q S_c`` ([BT, BV]) and ``q kᵀ`` ([BT, BT]). Program id: flattened
@@ -221,6 +235,11 @@ def chunk_fwd_o_kernel(q_ptr, k_ptr, v_ptr, h_ptr, g_ptr, o_ptr, cu_ptr, idx_ptr
         b_o += _mm(b_q, b_h.to(b_q.dtype))
         b_A += _mm(b_q, b_kt.to(b_q.dtype))
 
+    if HAS_R:  # q, k raw; rq, rk (same layout) their l2norm rstd: o_i = rq_i (q_i S + Σ_j (q_i·k_j) rk_j ...)
+        r_off = i_b * s_rb + (i_h // GQ) * s_rh + start * s_rt
+        b_rq = _row_factor(rq_ptr + r_off, o_t, rmask, s_rt)
+        b_o = b_o * b_rq[:, None]
+        b_A = b_A * (b_rq[:, None] * _row_factor(rk_ptr + r_off, o_t, rmask, s_rt)[None, :])
     causal = (o_t[:, None] >= o_t[None, :]) & rmask[:, None] & rmask[None, :]
     if USE_G:
         g_c = g_ptr + i_b * s_gb + i_h * s_gh + start * s_gt

@@ -24,6 +24,13 @@ def _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT: tl.constexpr, IS_VARLEN: tl.const
 
 
 @triton.jit
+def _row_factor(base, rows, mask, s_t):
+    """A per-token fp32 factor (``[rows]``; 0 where masked): the l2norm ``rstd`` of q or k, folded into a
+    forward stage's products instead of rounding ``q̂ = rstd·q`` to the input dtype (SPEC 1.10.0)."""
+    return tl.load(base + rows * s_t, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _chunk_v_tile(T, B, HV, V, cu_ptr, idx_ptr, BT: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr):
     """Program of a chunk kernel flattened as ``((chunk · B + batch) · HV + head) · NV + V-tile``:
     ``(chunk, batch, head, first token, sequence end, first V column, token offsets, token mask,

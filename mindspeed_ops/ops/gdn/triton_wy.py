@@ -20,7 +20,7 @@ out-of-range loads never meet in-range values and strong decay never overflows.
 import triton
 import triton.language as tl
 
-from .triton_kernels import _chunk_bounds
+from .triton_kernels import _chunk_bounds, _row_factor
 
 
 @triton.jit
@@ -44,10 +44,11 @@ def _program(BHV, HV, GRP):
 # ------------------------------------------------------------------------------------------------
 
 @triton.jit
-def kkt_fwd_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, cu_ptr, idx_ptr, T, BHV, HV, GRP,
+def kkt_fwd_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, cu_ptr, idx_ptr, rk_ptr, T, BHV, HV, GRP,
                    s_kb, s_kt, s_kh, s_kd, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, s_ac,
+                   s_rb, s_rt, s_rh,
                    K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, HAS_G: tl.constexpr,
-                   HAS_BETA: tl.constexpr, IS_VARLEN: tl.constexpr):
+                   HAS_BETA: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_RK: tl.constexpr = False):
     """``A[i, j] = β_i (k_i·k_j) e^{G_i − G_j}`` for ``j < i`` (valid), else 0, of one chunk and value
     head (scalar gate or none). ``k kᵀ`` by ``tl.dot`` over ``BK``-wide key tiles."""
     i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
@@ -71,16 +72,20 @@ def kkt_fwd_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, cu_ptr, idx_ptr, T, BHV, HV, G
     if HAS_BETA:
         b_beta = tl.load(beta_ptr + i_b * s_bb + rows * s_bt + i_h * s_bh, mask=valid, other=0.0).to(tl.float32)
         acc = acc * b_beta[:, None]
+    if HAS_RK:
+        b_r = _row_factor(rk_ptr + i_b * s_rb + i_hk * s_rh, rows, valid, s_rt)
+        acc = acc * (b_r[:, None] * b_r[None, :])
     acc = tl.where(lower, acc, 0.0)
     tl.store(a_ptr + i_b * s_ab + i_h * s_ah + rows[:, None] * s_at + o[None, :] * s_ac,
              acc.to(a_ptr.dtype.element_ty), mask=valid[:, None])
 
 
 @triton.jit
-def kkt_gk_fwd_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, cu_ptr, idx_ptr, T, BHV, HV, GRP,
+def kkt_gk_fwd_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, cu_ptr, idx_ptr, rk_ptr, T, BHV, HV, GRP,
                       s_kb, s_kt, s_kh, s_kd, s_gb, s_gt, s_gh, s_gd, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, s_ac,
+                      s_rb, s_rt, s_rh,
                       K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, HAS_BETA: tl.constexpr,
-                      IS_VARLEN: tl.constexpr):
+                      IS_VARLEN: tl.constexpr, HAS_RK: tl.constexpr = False):
     """Per-channel gates: ``A[i, j] = β_i Σ_d k_{i,d} k_{j,d} e^{G_{i,d} − G_{j,d}}`` for ``j < i``.
 
     Rows in 16-row blocks starting at ``r``. Columns of earlier blocks (``j < r ≤ i``) by one
@@ -127,6 +132,9 @@ def kkt_gk_fwd_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, cu_ptr, idx_ptr, T, BHV, HV
         if HAS_BETA:
             b_beta = tl.load(beta_ptr + i_b * s_bb + ri * s_bt + i_h * s_bh, mask=vi, other=0.0).to(tl.float32)
             acc = acc * b_beta[:, None]
+        if HAS_RK:
+            r_base = rk_ptr + i_b * s_rb + i_hk * s_rh
+            acc = acc * (_row_factor(r_base, ri, vi, s_rt)[:, None] * _row_factor(r_base, cols, col_ok, s_rt)[None, :])
         acc = tl.where(vi[:, None] & col_ok[None, :] & (o[None, :] < bi * 16 + o16[:, None]), acc, 0.0)
         tl.store(a_base + ri[:, None] * s_at + o[None, :] * s_ac, acc.to(a_ptr.dtype.element_ty), mask=vi[:, None])
 
@@ -136,11 +144,11 @@ def kkt_gk_fwd_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, cu_ptr, idx_ptr, T, BHV, HV
 # ------------------------------------------------------------------------------------------------
 
 @triton.jit
-def wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, a_ptr, g_ptr, w_ptr, u_ptr, cu_ptr, idx_ptr, T, BHV, HV, GRP,
+def wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, a_ptr, g_ptr, w_ptr, u_ptr, cu_ptr, idx_ptr, rk_ptr, T, BHV, HV, GRP,
                   s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, s_ac,
-                  s_gb, s_gt, s_gh, s_gd, s_wb, s_wt, s_wh, s_wd, s_ub, s_ut, s_uh, s_ud,
+                  s_gb, s_gt, s_gh, s_gd, s_wb, s_wt, s_wh, s_wd, s_ub, s_ut, s_uh, s_ud, s_rb, s_rt, s_rh,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  GATE: tl.constexpr, IS_VARLEN: tl.constexpr):
+                  GATE: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_RK: tl.constexpr = False):
     """``w = A·(β ⊙ e^{G} ⊙ k)`` (``GATE``: 0 none, 1 scalar, 2 per channel) and ``u = A·(β ⊙ v)`` of
     one chunk and value head; ``A`` restricted to valid rows and columns, loaded once."""
     i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
@@ -166,6 +174,8 @@ def wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, a_ptr, g_ptr, w_ptr, u_ptr, cu_ptr, id
     if GATE == 1:
         b_g = tl.load(g_ptr + i_b * s_gb + rows * s_gt + i_h * s_gh, mask=valid, other=0.0).to(tl.float32)
         scale = b_beta * tl.exp(tl.where(valid, b_g, 0.0))
+    if HAS_RK:
+        scale = scale * _row_factor(rk_ptr + i_b * s_rb + i_hk * s_rh, rows, valid, s_rt)
     k_base = k_ptr + i_b * s_kb + i_hk * s_kh
     w_base = w_ptr + i_b * s_wb + i_h * s_wh
     for i_k in range((K + BK - 1) // BK):

@@ -9,7 +9,7 @@ import torch
 from ... import triton_utils as tu
 from ...validation import check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str
 from . import reference_wy as _ref
-from .common import chunk_table, use_triton
+from .common import chunk_table, row_factor_args, use_triton
 from .kkt import CHUNK_SIZES, MAX_K, key_tile
 
 FWD = "recompute_w_u_fwd"
@@ -144,8 +144,8 @@ def recompute_w_u_fwd(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, A: t
     return forward(k, v, beta, A, g, gk, cu_host, cu_seqlens, chunk_indices)
 
 
-def forward(k, v, beta, A, g, gk, cu_host, cu_seqlens, chunk_indices=None):
-    """Triton launch of ``recompute_w_u_fwd`` (arguments already validated)."""
+def forward(k, v, beta, A, g, gk, cu_host, cu_seqlens, chunk_indices=None, rk=None):
+    """Triton launch of ``recompute_w_u_fwd`` (arguments already validated); ``rk``: see ``kkt.forward``."""
     from .triton_wy import wy_fwd_kernel
 
     B, T, H, K = k.shape
@@ -161,12 +161,13 @@ def forward(k, v, beta, A, g, gk, cu_host, cu_seqlens, chunk_indices=None):
     if NT and B and HV and (K or V):
         BK, BV, nw, ns = fwd_config(BT, K, V, kx.dtype)
         sg = (0, 0, 0, 0) if gx is None else (tuple(gx.stride()) + ((0,) if gx.dim() == 3 else ()))
+        r_ptr, *sr = row_factor_args(rk, kx)
         wy_fwd_kernel[(NT * B * HV,)](
             kx, vx, bx, ax, gx if gx is not None else kx, w, u, cu if cu is not None else kx,
-            idx if idx is not None else kx, T, B * HV, HV, HV // H,
-            *kx.stride(), *vx.stride(), *bx.stride(), *ax.stride(), *sg, *w.stride(), *u.stride(),
+            idx if idx is not None else kx, r_ptr, T, B * HV, HV, HV // H,
+            *kx.stride(), *vx.stride(), *bx.stride(), *ax.stride(), *sg, *w.stride(), *u.stride(), *sr,
             K=K, V=V, BT=BT, BK=BK, BV=BV, GATE=0 if gx is None else (1 if gk is None else 2),
-            IS_VARLEN=idx is not None, num_warps=nw, num_stages=ns)
+            IS_VARLEN=idx is not None, HAS_RK=rk is not None, num_warps=nw, num_stages=ns)
     return tu.finish(w, k.dtype), tu.finish(u, v.dtype)
 
 

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from ... import backends
+from ..norm.l2norm import rstd as _l2_rstd
 from ..gdn.bwd_dhu import forward as _dhu_forward
 from ..gdn.common import device_tables, zero_tail_rows
 from ..gdn.cumsum import forward as _cumsum_forward
@@ -42,14 +43,16 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
     """Returns ``(o, final_state or None, G, Akk, Aqk)``; arguments already validated."""
     BT = chunk_size
     cu, idx = device_tables(cu_host, BT, q.device)
+    # the l2norm is folded in: raw q, k and their rstd go to the stages, so q̂ = rstd·q is never rounded
+    # to the input dtype (without decay, a rounded ‖k̂‖ != 1 compounds through the state)
+    rq = rk = None
     if use_qk_l2norm_in_kernel:
-        q, _ = _l2norm(q)
-        k, _ = _l2norm(k)
+        rq, rk = _l2_rstd(q, L2_EPS), _l2_rstd(k, L2_EPS)
     G = _cumsum_forward(g, BT, False, None, cu_host, cu, torch.float32, idx)
     w, u, _, _, Aqk, Akk = _intra.forward(q, k, v, G, beta, scale, cu_host, cu, BT, idx, output_qg=False,
-                                          output_kg=False)
-    h, v_new, final = _fwd_h_forward(k, w, u, None, G, initial_state, output_final_state, BT, True, cu_host)
-    o = _fwd_o.forward(q, v_new, h, G, Aqk, scale, cu_host, cu, BT, idx)
+                                          output_kg=False, rq=rq, rk=rk)
+    h, v_new, final = _fwd_h_forward(k, w, u, None, G, initial_state, output_final_state, BT, True, cu_host, rk=rk)
+    o = _fwd_o.forward(q, v_new, h, G, Aqk, scale, cu_host, cu, BT, idx, rq=rq)
     return o, final, G, Akk, Aqk
 
 

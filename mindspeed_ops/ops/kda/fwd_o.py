@@ -13,7 +13,7 @@ import torch
 from ... import triton_utils as tu
 from ...validation import check_tensor
 from ..common import unit_last_stride
-from ..gdn.common import chunk_table, use_triton
+from ..gdn.common import chunk_table, row_factor_args, use_triton
 from . import args as _args
 from . import reference as _ref
 
@@ -83,13 +83,14 @@ def _kernel():
     if _KERNEL is None:
         from .triton_kernels import kda_fwd_o_kernel
 
-        _KERNEL = tu.autotune(_configs(), key=["HV", "GQ", "K", "V", "BT", "IS_VARLEN"],
+        _KERNEL = tu.autotune(_configs(), key=["HV", "GQ", "K", "V", "BT", "IS_VARLEN", "HAS_RQ"],
                               prune_configs_by={"early_config_prune": _prune})(kda_fwd_o_kernel)
     return _KERNEL
 
 
-def forward(q, v, h, gk, Aqk, scale: float, cu_host, cu_seqlens, chunk_size: int, chunk_indices=None):
-    """Triton launch (arguments validated)."""
+def forward(q, v, h, gk, Aqk, scale: float, cu_host, cu_seqlens, chunk_size: int, chunk_indices=None, rq=None):
+    """Triton launch (arguments validated); ``rq`` ``[B, T, H]`` fp32: q is raw and the state product uses
+    its l2norm ``rq·q`` (never rounded)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
@@ -102,9 +103,10 @@ def forward(q, v, h, gk, Aqk, scale: float, cu_host, cu_seqlens, chunk_size: int
         BK = max(16, min(64, tu.next_power_of_2(K)))
         dummy = qq
         grid = lambda meta: (NT * B * HV * tu.cdiv(V, meta["BV"]),)  # noqa: E731
+        r_ptr, *sr = row_factor_args(rq, dummy)
         _kernel()[grid](
-            qq, gg, vv, hh, aa, o, dummy if cu is None else cu, dummy if idx is None else idx,
+            qq, gg, vv, hh, aa, o, dummy if cu is None else cu, dummy if idx is None else idx, r_ptr,
             T, B, HV, HV // H, K, V, float(scale),
             *qq.stride()[:3], *gg.stride()[:3], *vv.stride()[:3], *hh.stride()[:4], *aa.stride()[:3],
-            *o.stride()[:3], BT=BT, BK=BK, IS_VARLEN=idx is not None)
+            *o.stride()[:3], *sr, BT=BT, BK=BK, IS_VARLEN=idx is not None, HAS_RQ=rq is not None)
     return tu.finish(o, v.dtype)

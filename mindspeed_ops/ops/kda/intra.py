@@ -15,7 +15,7 @@ from ..common import unit_last_stride
 from ..gdn.kkt import forward as _kkt_forward
 from ..gdn.solve_tril import forward as _solve_forward
 from ..gdn.wy_fast import forward as _wy_forward
-from ..gdn.common import chunk_table, use_triton
+from ..gdn.common import chunk_table, row_factor_args, use_triton
 from . import args as _args
 from . import reference as _ref
 
@@ -30,9 +30,11 @@ def _block_k(K: int) -> int:
 
 def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float, cu_host: Optional[list],
                 cu_seqlens: Optional[torch.Tensor], BT: int, chunk_indices: Optional[torch.Tensor] = None, *,
-                store_a: bool = True, store_qg: bool = False, store_kg: bool = False):
+                store_a: bool = True, store_qg: bool = False, store_kg: bool = False,
+                rq: Optional[torch.Tensor] = None, rk: Optional[torch.Tensor] = None):
     """Launch of ``kda_aqk_fwd_kernel`` (arguments validated): ``(Aqk in k.dtype or None, qg in q.dtype or
-    None, kg in k.dtype or None)``, tail rows 0."""
+    None, kg in k.dtype or None)``, tail rows 0. ``rq``, ``rk`` (both or neither, ``[B, T, H]`` fp32, one
+    layout): q, k are raw and every product uses their l2norm ``rstd·q``, ``rstd·k``."""
     from .triton_kernels import kda_aqk_fwd_kernel
 
     B, T, H, K = k.shape
@@ -50,25 +52,30 @@ def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float
     if NT and B and HV and (store_a or K):
         dummy = kk
         z3 = (0, 0, 0)
+        if (rq is None) != (rk is None) or (rq is not None and rq.stride() != rk.stride()):
+            raise ValueError("chunk_kda_fwd_intra: rq and rk must both be given, with one layout")
+        rq_ptr, *sr = row_factor_args(rq, dummy)
         kda_aqk_fwd_kernel[(NT * B * HV,)](
             qq, kk, gg, dummy if A is None else A, dummy if qg is None else qg, dummy if kg is None else kg,
-            dummy if cu is None else cu, dummy if idx is None else idx, T, B * HV, HV, HV // H, float(scale),
+            dummy if cu is None else cu, dummy if idx is None else idx, rq_ptr, row_factor_args(rk, dummy)[0],
+            T, B * HV, HV, HV // H, float(scale),
             *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *(A.stride()[:3] if A is not None else z3),
-            *(qg.stride()[:3] if qg is not None else z3), *(kg.stride()[:3] if kg is not None else z3),
+            *(qg.stride()[:3] if qg is not None else z3), *(kg.stride()[:3] if kg is not None else z3), *sr,
             K=K, BT=BT, BK=_block_k(K), STORE_A=store_a, STORE_QG=store_qg, STORE_KG=store_kg,
-            IS_VARLEN=idx is not None, num_warps=4)
+            IS_VARLEN=idx is not None, HAS_R=rq is not None, num_warps=4)
     return tuple(None if t is None else tu.finish(t, dt) for t, dt in ((A, k.dtype), (qg, q.dtype), (kg, k.dtype)))
 
 
 def forward(q, k, v, gk, beta, scale: float, cu_host, cu_seqlens, BT: int, chunk_indices=None, *,
-            output_qg: bool = False, output_kg: bool = True):
-    """Triton path of :func:`chunk_kda_fwd_intra` (arguments validated): ``(w, u, qg, kg, Aqk, Akk)``."""
+            output_qg: bool = False, output_kg: bool = True, rq=None, rk=None):
+    """Triton path of :func:`chunk_kda_fwd_intra` (arguments validated): ``(w, u, qg, kg, Aqk, Akk)``;
+    ``rq``, ``rk``: see :func:`aqk_forward`."""
     HV = v.shape[2]
-    M = _kkt_forward(k, None, gk, beta, HV, cu_host, cu_seqlens, BT, torch.float32, chunk_indices)
+    M = _kkt_forward(k, None, gk, beta, HV, cu_host, cu_seqlens, BT, torch.float32, chunk_indices, rk=rk)
     Akk = _solve_forward(M, cu_host, cu_seqlens, k.dtype, chunk_indices)
-    w, u = _wy_forward(k, v, beta, Akk, None, gk, cu_host, cu_seqlens, chunk_indices)
+    w, u = _wy_forward(k, v, beta, Akk, None, gk, cu_host, cu_seqlens, chunk_indices, rk=rk)
     Aqk, qg, kg = aqk_forward(q, k, gk, scale, cu_host, cu_seqlens, BT, chunk_indices, store_qg=output_qg,
-                              store_kg=output_kg)
+                              store_kg=output_kg, rq=rq, rk=rk)
     return w, u, qg, kg, Aqk, Akk
 
 

@@ -19,7 +19,7 @@ the **first row of the row block**: both arguments are ``≤ 0`` for non-positiv
 import triton
 import triton.language as tl
 
-from ..gdn.triton_kernels import _chunk_bounds, _chunk_v_tile, _mm
+from ..gdn.triton_kernels import _chunk_bounds, _chunk_v_tile, _mm, _row_factor
 from ..gdn.triton_wy import _dot, _program
 
 
@@ -48,11 +48,12 @@ def _diag_decay(b_g, mi, INCLUSIVE: tl.constexpr):
 # ------------------------------------------------------------------------------------------------
 
 @triton.jit
-def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_ptr, T, BHV, HV, GRP, scale,
-                       s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_ab, s_at, s_ah,
-                       s_xb, s_xt, s_xh, s_yb, s_yt, s_yh,
+def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_ptr, rq_ptr, rk_ptr, T, BHV, HV, GRP,
+                       scale, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_ab, s_at, s_ah,
+                       s_xb, s_xt, s_xh, s_yb, s_yt, s_yh, s_rb, s_rt, s_rh,
                        K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, STORE_A: tl.constexpr,
-                       STORE_QG: tl.constexpr, STORE_KG: tl.constexpr, IS_VARLEN: tl.constexpr):
+                       STORE_QG: tl.constexpr, STORE_KG: tl.constexpr, IS_VARLEN: tl.constexpr,
+                       HAS_R: tl.constexpr = False):
     """``Aqk[i, j] = scale·Σ_d q_{i,d} k_{j,d} e^{G_{i,d} − G_{j,d}}`` for ``j ≤ i`` (valid), else 0, of one
     chunk and value head (``STORE_A``); ``qg = q ⊙ e^{G}`` (``STORE_QG``) and ``kg = k ⊙ e^{Γ − G}``
     (``STORE_KG``, ``Γ`` = ``G`` at the chunk's last valid row).
@@ -70,6 +71,8 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
     k_base = k_ptr + i_b * s_kb + i_hk * s_kh
     g_base = g_ptr + i_b * s_gb + i_h * s_gh
     DT = k_ptr.dtype.element_ty
+    rq_base = rq_ptr + i_b * s_rb + i_hk * s_rh  # HAS_R: q, k raw, rq/rk their l2norm rstd (same layout)
+    rk_base = rk_ptr + i_b * s_rb + i_hk * s_rh
     if STORE_A:
         a_base = a_ptr + i_b * s_ab + i_h * s_ah
         for bi in tl.static_range(BT // 16):
@@ -96,6 +99,10 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                     b_d += tl.sum(b_q[:, None, :] * b_k[None, :, :] * _diag_decay(b_g, mi, True), 2)
             # earlier columns from acc (zeros after them), the diagonal block from b_d: disjoint stores
             keep = vi[:, None] & col_ok[None, :] & (o[None, :] < bi * 16)
+            if HAS_R:
+                r_i = _row_factor(rq_base, ri, vi, s_rt)
+                acc = acc * (r_i[:, None] * _row_factor(rk_base, cols, col_ok, s_rt)[None, :])
+                b_d = b_d * (r_i[:, None] * _row_factor(rk_base, ri, vi, s_rt)[None, :])
             acc = tl.where(keep, acc * scale, 0.0)
             tl.store(a_base + ri[:, None] * s_at + o[None, :], acc.to(a_ptr.dtype.element_ty),
                      mask=vi[:, None] & ((o < bi * 16) | (o >= bi * 16 + 16))[None, :])
@@ -111,11 +118,15 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
             b_g = tl.load(g_base + cols[:, None] * s_gt + d[None, :], mask=m, other=0.0).to(tl.float32)
             if STORE_QG:
                 b_q = tl.load(q_base + cols[:, None] * s_qt + d[None, :], mask=m, other=0.0).to(tl.float32)
+                if HAS_R:
+                    b_q = b_q * _row_factor(rq_base, cols, valid, s_rt)[:, None]
                 tl.store(qg_ptr + i_b * s_xb + i_h * s_xh + cols[:, None] * s_xt + d[None, :],
                          (b_q * _masked_exp(b_g, m)).to(qg_ptr.dtype.element_ty), mask=m)
             if STORE_KG:
                 g_last = tl.load(g_base + (start + last) * s_gt + d, mask=dm, other=0.0).to(tl.float32)
                 b_k = tl.load(k_base + cols[:, None] * s_kt + d[None, :], mask=m, other=0.0).to(tl.float32)
+                if HAS_R:
+                    b_k = b_k * _row_factor(rk_base, cols, valid, s_rt)[:, None]
                 tl.store(kg_ptr + i_b * s_yb + i_h * s_yh + cols[:, None] * s_yt + d[None, :],
                          (b_k * _masked_exp(g_last[None, :] - b_g, m)).to(kg_ptr.dtype.element_ty), mask=m)
 
@@ -125,10 +136,11 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
 # ------------------------------------------------------------------------------------------------
 
 @triton.jit
-def kda_fwd_o_kernel(q_ptr, g_ptr, v_ptr, h_ptr, a_ptr, o_ptr, cu_ptr, idx_ptr, T, B, HV, GQ, K, V, scale,
+def kda_fwd_o_kernel(q_ptr, g_ptr, v_ptr, h_ptr, a_ptr, o_ptr, cu_ptr, idx_ptr, rq_ptr, T, B, HV, GQ, K, V, scale,
                      s_qb, s_qt, s_qh, s_gb, s_gt, s_gh, s_vb, s_vt, s_vh, s_hb, s_hc, s_hh, s_hk,
-                     s_ab, s_at, s_ah, s_ob, s_ot, s_oh,
-                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr):
+                     s_ab, s_at, s_ah, s_ob, s_ot, s_oh, s_rb, s_rt, s_rh,
+                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
+                     HAS_RQ: tl.constexpr = False):
     """One (chunk, value head, V-tile of ``BV``) per program:
     ``o = scale·(q ⊙ e^{G}) S_c + Aqk v_new`` (``Aqk`` lower triangular, scale included), ``q ⊙ e^{G}``
     staged in q's dtype for the product with the state. Program id: flattened
@@ -156,6 +168,8 @@ def kda_fwd_o_kernel(q_ptr, g_ptr, v_ptr, h_ptr, a_ptr, o_ptr, cu_ptr, idx_ptr, 
                   mask=vm, other=0.0)
     b_A = tl.load(a_ptr + i_b * s_ab + i_h * s_ah + start * s_at + o_t[:, None] * s_at + o_t[None, :], mask=causal,
                   other=0.0)
+    if HAS_RQ:  # q raw, rq its l2norm rstd
+        b_o = b_o * _row_factor(rq_ptr + i_b * s_rb + (i_h // GQ) * s_rh + start * s_rt, o_t, rmask, s_rt)[:, None]
     b_o = b_o * scale + _mm(b_A.to(b_v.dtype), b_v)
     tl.store(o_ptr + i_b * s_ob + i_h * s_oh + start * s_ot + v0 + o_t[:, None] * s_ot + cols[None, :],
              b_o.to(o_ptr.dtype.element_ty), mask=vm)

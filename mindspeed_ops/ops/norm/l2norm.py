@@ -43,6 +43,15 @@ def forward(x: torch.Tensor, eps: float = 1e-6, output_dtype: Optional[torch.dty
     return y.view(x.shape), rstd.view(x.shape[:-1])
 
 
+def rstd(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``1/sqrt(Σx² + eps)`` of every row, ``x.shape[:-1]`` fp32 contiguous; the normalized rows are never
+    written (what the GDN/KDA forwards fold into their stage kernels)."""
+    check_args(x, eps, None)
+    _, r = rows_forward(rows_2d(tu.kernel_input(x)), None, inv_n=1.0, eps=eps, y_dtype=None,
+                        rstd_dtype=torch.float32)
+    return r.view(x.shape[:-1])
+
+
 def backward(x_or_y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, eps: float = 1e-6,
              normalized: bool = False, dx_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``dx = rstd·(dy − ŷ·Σ_d dy·ŷ)``.
