@@ -198,9 +198,11 @@ def compare_runs(ref: dict, ours: dict, ref_logits, our_logits, dtype: torch.dty
                 threshold_grad_norms=t_g, passed=bool(ok))
 
 
-def measure(a, dtype: torch.dtype, patched: bool, ref: dict | None = None, train: bool = True) -> dict:
+def measure(a, dtype: torch.dtype, patched: bool, ref: dict | None = None, train: bool = True,
+            keep_logits: bool = False) -> dict:
     """Build one variant, run the sanity step (compared with ``ref``'s when given) and, with ``train``, the
-    timed steps. The model is freed before returning."""
+    timed steps. With ``keep_logits`` the sanity step's logits stay (on the host) as ``res["logits_run"]``
+    for :func:`anchor_to_fp32`. The model is freed before returning."""
     from mindspeed_ops.integrations import transformers as mt
 
     _free(a.device)
@@ -217,12 +219,29 @@ def measure(a, dtype: torch.dtype, patched: bool, ref: dict | None = None, train
         ref_logits = ref.pop("logits").to(a.device)
         res["agreement"] = compare_runs(ref, res, ref_logits, logits, dtype)
         del ref_logits
+    if keep_logits:
+        res["logits_run"] = logits.cpu()
     del logits
     if train:
         res.update(train_steps(model, ids, a.device, a.steps, a.warmup))
     del model, ids
     _free(a.device)
     return res
+
+
+def anchor_to_fp32(cref: dict, results: dict, device: str, dtype: torch.dtype) -> dict:
+    """Each run-dtype variant's sanity step against the fp32 unpatched model's (``cref``, logits still held):
+    how far HF's own bf16 model and the patched one are from fp32, so that the bf16 patched-vs-unpatched
+    difference can be read (which side carries it). Reported only."""
+    anchor = {}
+    fp32_logits = cref["logits"].to(device)
+    for name, res in results.items():
+        run_logits = res.pop("logits_run").to(device)
+        anchor[name] = compare_runs(cref, res, fp32_logits, run_logits, dtype)
+        del run_logits
+    del fp32_logits
+    _free(device)
+    return anchor
 
 
 def hf_kernels() -> dict:
@@ -302,6 +321,10 @@ def print_table(doc: dict) -> None:
                   f"loss rel diff {g['loss_rel_diff']:.2e} (LA-o {g['threshold_logits_loss']:.0e}); max grad-norm "
                   f"rel diff {g['grad_norm_rel_diff_max']:.2e} at {g['grad_norm_worst_param']} "
                   f"(LA-g {g['threshold_grad_norms']:.0e}) {verdict}")
+    for name, g in (doc.get("run_dtype_vs_check_dtype") or {}).items():
+        con.print(f"{name} in {doc['config']['dtype']} vs unpatched in {doc['config']['check_dtype']}: "
+                  f"logits rel_rms {g['logits_rel_rms']:.2e}, loss rel diff {g['loss_rel_diff']:.2e}; max grad-norm "
+                  f"rel diff {g['grad_norm_rel_diff_max']:.2e} at {g['grad_norm_worst_param']} (reported only)")
 
 
 def main(argv=None) -> int:
@@ -331,17 +354,20 @@ def main(argv=None) -> int:
 
 def _run(a, env: dict, backend_rows: list, tf_version: str) -> int:
     env.update(transformers=tf_version, hf_kernels=hf_kernels(), backends={r["op"]: r["backend"] for r in backend_rows})
-    ref = measure(a, DTYPES[a.dtype], patched=False)
-    ours = measure(a, DTYPES[a.dtype], patched=True, ref=ref)
+    anchored = a.check_dtype != a.dtype
+    ref = measure(a, DTYPES[a.dtype], patched=False, keep_logits=anchored)
+    ours = measure(a, DTYPES[a.dtype], patched=True, ref=ref, keep_logits=anchored)
     at_run_dtype = ours.pop("agreement")
-    if a.check_dtype == a.dtype:
+    results = {"unpatched": ref, "patched": ours}
+    anchor = None
+    if not anchored:
         agreement = at_run_dtype
     else:  # the same comparison in the dtype whose thresholds hold model-wide (see --check-dtype)
         cref = measure(a, DTYPES[a.check_dtype], patched=False, train=False)
+        anchor = anchor_to_fp32(cref, results, a.device, DTYPES[a.dtype])
         agreement = measure(a, DTYPES[a.check_dtype], patched=True, ref=cref, train=False)["agreement"]
     agreement["dtype"] = a.check_dtype
     at_run_dtype["dtype"] = a.dtype
-    results = {"unpatched": ref, "patched": ours}
 
     cfg_args = {k: getattr(a, k) for k in ("family", "layers", "hidden", "seq_len", "batch", "steps", "warmup", "dtype",
                                            "check_dtype", "vocab", "experts", "backend", "hf_torch_only")}
@@ -352,6 +378,7 @@ def _run(a, env: dict, backend_rows: list, tf_version: str) -> int:
                memory="torch.cuda.max_memory_allocated over the training steps, reset per variant (weights, grads, "
                       "optimizer state, activations); null on CPU",
                results=results, agreement=agreement, agreement_at_run_dtype=at_run_dtype,
+               run_dtype_vs_check_dtype=anchor,
                speedup=ref["step_ms_median"] / ours["step_ms_median"],
                peak_mem_ratio=None if None in peaks else peaks[1] / peaks[0])
     os.makedirs(a.out, exist_ok=True)

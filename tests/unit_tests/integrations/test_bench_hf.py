@@ -64,3 +64,20 @@ def test_disagreement_exits_nonzero(tmp_path, monkeypatch, capsys):
     assert rc == 1
     assert "FAIL" in capsys.readouterr().out
     assert not json.loads((tmp_path / "bench_hf_qwen3_next.json").read_text())["agreement"]["passed"]
+
+
+def test_bf16_run_is_anchored_to_fp32(tmp_path, capsys):
+    """With --dtype bf16 (check in fp32) each bf16 variant is also compared with the fp32 unpatched model, so a
+    bf16 patched-vs-unpatched gap can be attributed; the held logits are not left in the report."""
+    args = [x if x != "fp32" else "bf16" for x in TINY]
+    rc = _bench().main(args + ["--layers", "2", "--steps", "1", "--warmup", "0", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    doc = json.loads((tmp_path / "bench_hf_qwen3_next.json").read_text())
+    assert doc["agreement"]["dtype"] == "fp32" and doc["agreement_at_run_dtype"]["dtype"] == "bf16"
+    anchor = doc["run_dtype_vs_check_dtype"]
+    assert set(anchor) == {"unpatched", "patched"}
+    for name in anchor:
+        assert 0 < anchor[name]["logits_rel_rms"] < 0.1 and math.isfinite(anchor[name]["grad_norm_rel_diff_max"])
+        assert "logits_run" not in doc["results"][name] and "logits" not in doc["results"][name]
+    assert "patched in bf16 vs unpatched in fp32" in out
