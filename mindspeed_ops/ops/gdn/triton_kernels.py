@@ -95,13 +95,16 @@ def _load_block16(a_base, start, eos, di, dj, s_at, s_ac):
 @triton.jit
 def _inv_diag16(a_base, start, eos, d, s_at, s_ac):
     """``(I + A_dd)^{-1}`` of diagonal block ``d`` by forward substitution in fp32 (elementwise IEEE
-    arithmetic): ``X_i = e_i − Σ_{j<i} A_ij X_j``, reading row i of A's strictly-lower part only."""
+    arithmetic): ``X_i = e_i − Σ_{j<i} A_ij X_j``. The block's strictly-lower part is loaded once and its
+    rows are taken from registers: a global load inside the 15 dependent steps made this kernel
+    latency-bound (40% of GDN's forward on the H200, benchmarks/profile_op.py)."""
     o = tl.arange(0, 16)
+    rows = start + d * 16 + o
+    A = tl.load(a_base + rows[:, None] * s_at + (d * 16 + o)[None, :] * s_ac,
+                mask=(rows < eos)[:, None] & (o[None, :] < o[:, None]), other=0.0).to(tl.float32)
     X = (o[:, None] == o[None, :]).to(tl.float32)
     for i in range(1, 16):
-        row = start + d * 16 + i
-        a = tl.load(a_base + row * s_at + (d * 16 + o) * s_ac, mask=(o < i) & (row < eos), other=0.0)
-        a = a.to(tl.float32)
+        a = tl.sum(tl.where(o[:, None] == i, A, 0.0), 0)  # row i of A (zero from column i on)
         new = (o == i).to(tl.float32) - tl.sum(a[:, None] * X, 0)
         X = tl.where(o[:, None] == i, new[None, :], X)
     return X
