@@ -179,6 +179,8 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 2
     except (ValueError, RuntimeError) as e:
         parser.error(str(e))
+    except BrokenPipeError:  # stdout closed by its reader (`| head`): not a usage error, main() ends quietly
+        raise
     except OSError as e:  # e.g. --from-json naming a directory, an unwritable --out
         parser.error(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
     _print_summary(report, con)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -280,10 +279,9 @@ def _measure(item: Item, call, reference, device: str, suites: list, ceilings: d
 
 
 def _console():
-    from rich.console import Console
+    from ..cli import _console as console  # the CLI's console: main() handles a closed stdout pipe
 
-    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return Console(width=160 if wide else None, highlight=False)
+    return console()
 
 
 def new_report(device: torch.device, suites: list, opts: Options, notes: list) -> dict:
