@@ -15,7 +15,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -270,9 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``mindspeed-ops`` console script; returns the exit code."""
+    return quiet_on_closed_pipe(lambda: _main(argv))
+
+
+def quiet_on_closed_pipe(command: Callable[[], int]) -> int:
+    """``command()``'s exit code, or 0 when the reader of stdout closed the pipe (``| head``)."""
     try:
         try:
-            return _main(argv)
+            return command()
         finally:
             sys.stdout.flush()  # a closed pipe surfaces here, not in the interpreter's final flush
     except BrokenPipeError:
