@@ -32,7 +32,8 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="also write the summary table (op, ours ms, best other ms, ratio, %% of ceiling) to PATH")
     p.add_argument("--from-json", nargs="+", metavar="REPORT_JSON",
                    help="run nothing: re-render report.md/plots (into --out) and --summary-md from one or more "
-                        "report.json (several are merged, e.g. per-family GPU jobs); --ops keeps those ops' rows")
+                        "report.json (several are merged, e.g. per-family GPU jobs); --ops and --suite keep those ops' "
+                        "and suites' rows")
     p.add_argument("--dtypes", help="comma-separated subset of fp32,fp16,bf16 (default: each case's own per suite)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available, else cpu")
     size = p.add_mutually_exclusive_group()
@@ -105,14 +106,35 @@ def _validate(args, con) -> int:
     return 1 if bad else 0
 
 
+#: where a report keeps each suite's rows: performance and memory share the measured rows (and the
+#: baselines not run); ``not_run`` labels start with the runner's item kind
+_SUITE_KEYS = {"accuracy": ("accuracy",), "determinism": ("determinism",), "performance": ("performance", "skipped"),
+               "memory": ("performance", "skipped")}
+_ITEM_SUITES = {"accuracy": ("accuracy",), "check": ("accuracy",), "determinism": ("determinism",),
+                "measure": ("performance", "memory")}
+
+
 def _from_json(args, con) -> int:
     from .report import load_report, merge_reports, summary_markdown, write_all
+    from .runner import parse_suites
 
+    suites = parse_suites(args.suite)  # before reading anything: an unknown suite is a usage error
     report = merge_reports([load_report(p) for p in args.from_json])
     ops = _split(args.ops)
     if ops:  # re-render only these ops' rows (e.g. one family's table out of a merged run)
         for key in ("accuracy", "determinism", "performance", "skipped", "load_errors"):
             report[key] = [r for r in report.get(key, []) if r.get("op") in ops]
+    if "all" not in suites:  # only these suites' rows and report sections
+        keep = {k for s in suites for k in _SUITE_KEYS[s]}
+        for key in {k for ks in _SUITE_KEYS.values() for k in ks} - keep:
+            report[key] = []
+        meta = report.setdefault("meta", {})
+        meta["suites"] = [s for s in meta.get("suites", []) if s in suites]
+        if "not_run" in report:
+            report["not_run"] = [lbl for lbl in report["not_run"]
+                                 if set(_ITEM_SUITES.get(lbl.split(" ", 1)[0], ())) & set(suites)]
+    # the summary table is of timings: empty unless the performance suite is kept (memory shares its rows)
+    summary = summary_markdown(report if {"all", "performance"} & set(suites) else {**report, "performance": []})
     if args.out:
         paths = write_all(args.out, report, plots=not args.no_plots)
         con.print(f"wrote {paths['md']}, {paths['json']}" + (f", {len(paths['plots'])} plot(s)" if paths["plots"]
@@ -120,10 +142,10 @@ def _from_json(args, con) -> int:
     if args.summary_md:
         os.makedirs(os.path.dirname(os.path.abspath(args.summary_md)), exist_ok=True)
         with open(args.summary_md, "w") as f:
-            f.write(summary_markdown(report))
+            f.write(summary)
         con.print(f"wrote {args.summary_md}", markup=False)
     if not args.out and not args.summary_md:
-        con.print(summary_markdown(report), markup=False)
+        con.print(summary, markup=False)
     return 0
 
 

@@ -68,13 +68,19 @@ def resolve_callable(path: str) -> Callable:
     return obj
 
 
-def resolve_suites(requested: Sequence[str], device: torch.device) -> tuple[list, list]:
-    """(suites to run, notes). ``all`` on CPU keeps accuracy and determinism."""
-    notes = []
+def parse_suites(requested: Sequence[str]) -> list:
+    """The suite names of ``--suite`` (space or comma separated, ``all`` included); ``ValueError`` for others."""
     req = [s.strip() for item in requested for s in str(item).split(",") if s.strip()]
     bad = [s for s in req if s not in SUITES + ("all",)]
     if bad:
         raise ValueError(f"unknown suite(s) {', '.join(bad)}; use {', '.join(SUITES)} or all")
+    return req
+
+
+def resolve_suites(requested: Sequence[str], device: torch.device) -> tuple[list, list]:
+    """(suites to run, notes). ``all`` on CPU keeps accuracy and determinism."""
+    notes = []
+    req = parse_suites(requested)
     if "all" in req:
         if device.type == "cuda":
             return list(SUITES), notes
@@ -468,5 +474,5 @@ def failures(report: dict) -> list[str]:
     return out
 
 
-__all__ = ["Options", "resolve_callable", "resolve_suites", "shape_points", "Item", "Plan", "make_plan", "run",
+__all__ = ["Options", "resolve_callable", "parse_suites", "resolve_suites", "shape_points", "Item", "Plan", "make_plan", "run",
            "failures", "new_report"]
