@@ -167,7 +167,7 @@ def cmd_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     ops = [o.strip() for item in (args.ops or []) for o in item.split(",") if o.strip()]
     if args.ops is not None and not ops:
         parser.error("--ops: no op names given")
-    if args.json and cr.output_path_problem(args.json):
+    if args.json is not None and cr.output_path_problem(args.json):
         parser.error(f"--json {args.json}: {cr.output_path_problem(args.json)}")
     try:
         interpreting = cr.prepare_device(device)  # before any kernel module is imported

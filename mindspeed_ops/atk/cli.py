@@ -30,7 +30,8 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="write report.md, report.json and plots/ here")
     p.add_argument("--summary-md", metavar="PATH",
                    help="also write the summary table (op, ours ms, best other ms, ratio, %% of ceiling) to PATH")
-    p.add_argument("--from-json", nargs="+", metavar="REPORT_JSON",
+    mode = p.add_mutually_exclusive_group()  # the three ways to run nothing: one at a time
+    mode.add_argument("--from-json", nargs="+", metavar="REPORT_JSON",
                    help="run nothing: re-render report.md/plots (into --out) and --summary-md from one or more "
                         "report.json (several are merged, e.g. per-family GPU jobs); --ops and --suite keep those ops' "
                         "and suites' rows")
@@ -58,10 +59,27 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "a time-limited GPU job")
     p.add_argument("--no-plots", action="store_true", help="do not draw the PNG plots")
     p.add_argument("--atk-dir", metavar="DIR", help="case-file directory (default: tests/atk_tests of this checkout)")
-    p.add_argument("--list", action="store_true", help="list the ops, cases and shape points, run nothing")
-    p.add_argument("--validate", action="store_true", help="validate the case files (and their callables), run nothing")
+    mode.add_argument("--list", action="store_true", help="list the ops, cases and shape points, run nothing")
+    mode.add_argument("--validate", action="store_true",
+                      help="validate the case files (and their callables), run nothing")
     p.add_argument("--verbose", action="store_true", help="log every measured row and print tracebacks")
     return p
+
+
+#: the flags read by each mode that runs nothing; any other flag given with it is a usage error (it used to be
+#: silently ignored, e.g. --dtypes fp8 with --from-json)
+_MODE_FLAGS = {"list": {"ops", "atk_dir"}, "validate": {"ops", "atk_dir", "device"},
+               "from_json": {"ops", "suite", "out", "summary_md", "no_plots"}}
+
+
+def _unused_flags(args, parser: argparse.ArgumentParser, mode: str) -> list:
+    """The flags given (not at their default) that ``mode`` does not read."""
+    defaults = vars(parser.parse_args([]))  # as argparse fills them (--small/--full share one dest)
+    flags: dict = {}
+    for a in parser._actions:
+        if a.option_strings and a.dest not in _MODE_FLAGS[mode] | {mode, "help"}:
+            flags.setdefault(a.dest, []).append(a.option_strings[0])
+    return ["/".join(f) for dest, f in flags.items() if getattr(args, dest) != defaults[dest]]
 
 
 def _console():
@@ -89,6 +107,8 @@ def _validate(args, con) -> int:
     from .runner import resolve_callable
     from .schema import load_specs
 
+    if args.device == "cuda" and not torch.cuda.is_available():  # as for a run: not "valid" on a missing device
+        raise ValueError("--device cuda: no CUDA device is available")
     prepare_device(torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")))
     specs = load_specs(args.atk_dir, _split(args.ops))
     bad = 0
@@ -156,8 +176,15 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if args.ops is not None and not _split(args.ops):
         parser.error("--ops: no op names given")
+    for flag, value in (("--dtypes", args.dtypes), ("--backends", args.backends), ("--baselines", args.baselines)):
+        if value is not None and not _split([value]):  # e.g. --dtypes ",": not the default selection
+            parser.error(f"{flag}: no names given")
+    for mode in _MODE_FLAGS:
+        unused = _unused_flags(args, parser, mode) if getattr(args, mode) else []
+        if unused:
+            parser.error(f"--{mode.replace('_', '-')} does not use {', '.join(unused)}")
     for flag, path, is_dir in (("--out", args.out, True), ("--summary-md", args.summary_md, False)):
-        if path and output_path_problem(path, is_dir):  # fail now, not after the run
+        if path is not None and output_path_problem(path, is_dir):  # fail now, not after the run
             parser.error(f"{flag} {path}: {output_path_problem(path, is_dir)}")
     con = _console()
     try:

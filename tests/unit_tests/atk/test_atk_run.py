@@ -277,6 +277,21 @@ def test_atk_dir_that_is_a_file_or_empty(tmp_path, capsys):
     assert "no op names given" in _atk_usage_error(capsys, "--ops", ",", "--list")
 
 
+def test_flags_a_mode_does_not_use_are_usage_errors(tmp_path, capsys):
+    """--list, --validate and --from-json run nothing: one at a time, and a run flag given with them is refused
+    (it used to be ignored, e.g. --dtypes fp8 with --from-json or --validate after --list)."""
+    assert "not allowed with argument --list" in _atk_usage_error(capsys, "--list", "--validate")
+    assert "not allowed with argument --list" in _atk_usage_error(capsys, "--list", "--from-json", "r.json")
+    assert "--list does not use --suite" in _atk_usage_error(capsys, "--list", "--suite", "accuracy")
+    err = _atk_usage_error(capsys, "--from-json", "r.json", "--dtypes", "fp8", "--full", "--cases", "x")
+    assert "--from-json does not use --dtypes, --small/--full, --cases" in err
+    assert "--validate does not use --quick" in _atk_usage_error(capsys, "--validate", "--quick")
+    for flag in ("--dtypes", "--backends", "--baselines"):  # an empty list is not the default selection
+        assert f"{flag}: no names given" in _atk_usage_error(capsys, "--ops", "rms_norm", flag, ",")
+    if not ON_GPU:  # "valid" on a device that is not there
+        assert "no CUDA device" in _atk_usage_error(capsys, "--validate", "--device", "cuda")
+
+
 def test_summary_gpu_time_columns():
     """The summary's GPU columns come from the CUDA-graph medians (a host-bound do_bench column can
     rank implementations differently than their kernels do)."""
