@@ -156,6 +156,8 @@ class CaseResult:
 def output_path_problem(path: str, directory: bool = False) -> Optional[str]:
     """Why ``path`` cannot be written as an output file (a directory when ``directory``), or ``None``.
     Checked before a long run, so that a bad ``--json``/``--out`` fails at once, not after the run."""
+    if not path:  # "" would otherwise mean the current directory, or no output at all
+        return "empty path"
     p = os.path.abspath(path)
     if os.path.exists(p):
         if directory and not os.path.isdir(p):
