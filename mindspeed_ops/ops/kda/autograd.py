@@ -190,12 +190,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[tor
             ``cu_seqlens_cpu``, ``chunk_indices``, ``use_graph``, ``max_num_seqs`` accepted; unimplemented
             options such as ``use_gate_in_kernel``, ``A_log`` raise ``NotImplementedError`` when set; anything
             else warns once), plus ``safe_gate``, ``lower_bound``, ``disable_recompute`` accepted with no effect.
-            ``cu_seqlens_cpu``: a host (CPU) copy of ``cu_seqlens``; with it the forward and the backward
-            never read ``cu_seqlens`` back to the host (no device->host sync). It must be a 1-D int32/int64
-            CPU tensor with as many entries as ``cu_seqlens`` (``TypeError``/``ValueError`` otherwise), and
-            its values are validated like ``cu_seqlens``' and used by the Triton launchers; that they
-            equal ``cu_seqlens``' is trusted (not checked: that would be the sync). Given without
-            ``cu_seqlens`` it serves as the offsets. The reference backend reads ``cu_seqlens`` itself.
+            ``cu_seqlens_cpu``: host copy of ``cu_seqlens`` that spares the forward and the backward their
+            device->host read; validated and trusted as for ``chunk_gated_delta_rule`` (its docstring).
 
     Returns:
         ``(o [B, T, HV, V] in q.dtype, final_state [N, HV, K, V] fp32 or None)``.
