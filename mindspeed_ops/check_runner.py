@@ -43,7 +43,6 @@ DTYPE_ALIASES = {
 }
 SHORT_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 
-_KERNEL_MODULE_PREFIXES = ("mindspeed_ops.ops.", "mindspeed_ops.triton_utils", "mindspeed_ops.api.")
 
 
 def dtype_short(dtype: torch.dtype) -> str:
@@ -76,8 +75,21 @@ def default_device() -> str:
 
 
 def kernel_modules_loaded() -> list[str]:
-    """Names of already-imported mindspeed_ops modules that may hold ``@triton.jit`` kernels."""
-    return sorted(m for m in sys.modules if m.startswith(_KERNEL_MODULE_PREFIXES))
+    """Names of already-imported mindspeed_ops modules holding compiled-mode ``@triton.jit`` functions
+    (autotuned / heuristics wrappers included): those would not run under an interpreter switched on later."""
+    try:
+        from triton.runtime.jit import JITFunction, KernelInterface
+    except ImportError:  # pragma: no cover - no triton: nothing compiled
+        return []
+
+    def compiled(v) -> bool:
+        while isinstance(v, KernelInterface) and not isinstance(v, JITFunction) and hasattr(v, "fn"):
+            v = v.fn  # Autotuner / Heuristics -> the function they wrap
+        return isinstance(v, JITFunction)
+
+    return sorted(name for name, mod in list(sys.modules.items())
+                  if name.startswith("mindspeed_ops") and mod is not None
+                  and any(compiled(v) for v in list(vars(mod).values())))
 
 
 def prepare_device(device: torch.device | str) -> bool:
@@ -144,6 +156,8 @@ class CaseResult:
 def output_path_problem(path: str, directory: bool = False) -> Optional[str]:
     """Why ``path`` cannot be written as an output file (a directory when ``directory``), or ``None``.
     Checked before a long run, so that a bad ``--json``/``--out`` fails at once, not after the run."""
+    if not path:  # "" would otherwise mean the current directory, or no output at all
+        return "empty path"
     p = os.path.abspath(path)
     if os.path.exists(p):
         if directory and not os.path.isdir(p):

@@ -15,7 +15,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -23,11 +23,17 @@ from . import __version__, backends
 from . import check_runner as cr
 
 
-def _console():
+def _console(piped_width: int = 160):
+    """The rich console of every sub-command (``piped_width`` columns when stdout is not a terminal)."""
     from rich.console import Console
 
+    class _PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            # rich would exit 1 itself; let main() end every sub-command the same way (quietly, status 0)
+            raise BrokenPipeError
+
     wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return Console(width=160 if wide else None, highlight=False)
+    return _PipeConsole(width=piped_width if wide else None, highlight=False)
 
 
 def _driver_version() -> Optional[str]:
@@ -161,7 +167,7 @@ def cmd_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     ops = [o.strip() for item in (args.ops or []) for o in item.split(",") if o.strip()]
     if args.ops is not None and not ops:
         parser.error("--ops: no op names given")
-    if args.json and cr.output_path_problem(args.json):
+    if args.json is not None and cr.output_path_problem(args.json):
         parser.error(f"--json {args.json}: {cr.output_path_problem(args.json)}")
     try:
         interpreting = cr.prepare_device(device)  # before any kernel module is imported
@@ -264,6 +270,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``mindspeed-ops`` console script; returns the exit code."""
+    return quiet_on_closed_pipe(lambda: _main(argv))
+
+
+def quiet_on_closed_pipe(command: Callable[[], int]) -> int:
+    """``command()``'s exit code, or 0 when the reader of stdout closed the pipe (``| head``)."""
+    try:
+        try:
+            return command()
+        finally:
+            sys.stdout.flush()  # a closed pipe surfaces here, not in the interpreter's final flush
+    except BrokenPipeError:
+        # the reader (e.g. ``| head``) closed the pipe: it has what it wanted, so end quietly with status 0;
+        # stdout goes to devnull so that the interpreter's own flush at exit does not fail again
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout replaced by an object without a file descriptor
+            pass
+        return 0
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     sub_parser = getattr(args, "command_parser", None) or parser  # for the sub-command's usage in errors

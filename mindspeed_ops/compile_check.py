@@ -1296,9 +1296,11 @@ def run_cli(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser] 
     if bad:
         usage(f"--dtypes accepts {', '.join(RECORD_DTYPES)} (bf16 launches are derived from fp16 ones), "
               f"got {', '.join(bad)}")
+    if not args.dtypes:  # e.g. --dtypes ",": an empty selection is not the default one
+        usage(f"--dtypes: none given; accepts {', '.join(RECORD_DTYPES)}")
     bad = [s for s in shapes if s not in SHAPES]
-    if bad:
-        usage(f"--shapes accepts {', '.join(SHAPES)}, got {', '.join(bad)}")
+    if bad or not shapes:  # no shapes compiled nothing and reported 0/0 ok
+        usage(f"--shapes accepts {', '.join(SHAPES)}, got {', '.join(bad) or 'none'}")
     bad = [a for a in args.arch if a not in SHARED_LIMIT]
     if bad or not args.arch:
         usage(f"--arch accepts {', '.join(map(str, sorted(SHARED_LIMIT)))}, got {', '.join(map(str, bad)) or 'none'}")
@@ -1308,7 +1310,7 @@ def run_cli(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser] 
         usage(f"--timeout must be > 0 seconds, got {args.timeout:g}")
     if args.ops is not None and not args.ops:
         usage("--ops: no op names given")
-    if args.json_out:
+    if args.json_out is not None:
         from .check_runner import output_path_problem
 
         if output_path_problem(args.json_out):  # fail now, not after minutes of compiling

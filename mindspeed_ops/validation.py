@@ -90,22 +90,24 @@ def check_choice(op: str, name: str, value, choices: Iterable) -> None:
         raise ValueError(f"{op}: {name} must be one of {choices}, got {value!r}")
 
 
-def check_cu_seqlens(op: str, cu_seqlens: Optional[torch.Tensor], *, batch: int, total: int) -> Optional[list[int]]:
-    """Validate packed-sequence offsets (SPEC 0.3) and return them as a host list (one sync, allowed)."""
+def check_cu_seqlens(op: str, cu_seqlens: Optional[torch.Tensor], *, batch: int, total: int,
+                     name: str = "cu_seqlens") -> Optional[list[int]]:
+    """Validate packed-sequence offsets (SPEC 0.3) and return them as a host list (one sync, allowed).
+    ``name``: the argument named in errors (``cu_seqlens_cpu`` when the host copy is checked)."""
     if cu_seqlens is None:
         return None
-    check_tensor(op, "cu_seqlens", cu_seqlens, dtypes=INDEX_DTYPES, ndim=1)
+    check_tensor(op, name, cu_seqlens, dtypes=INDEX_DTYPES, ndim=1)
     if batch != 1:
-        raise ValueError(f"{op}: with cu_seqlens the batch size must be 1 (pack the batch into one row), got {batch}")
+        raise ValueError(f"{op}: with {name} the batch size must be 1 (pack the batch into one row), got {batch}")
     if cu_seqlens.numel() < 1:
-        raise ValueError(f"{op}: cu_seqlens must have at least 1 entry, got shape {shape_str(cu_seqlens.shape)}")
+        raise ValueError(f"{op}: {name} must have at least 1 entry, got shape {shape_str(cu_seqlens.shape)}")
     host = cu_seqlens.tolist()
     if host[0] != 0:
-        raise ValueError(f"{op}: cu_seqlens[0] must be 0, got {host[0]}")
+        raise ValueError(f"{op}: {name}[0] must be 0, got {host[0]}")
     if any(b < a for a, b in zip(host, host[1:])):
-        raise ValueError(f"{op}: cu_seqlens must be non-decreasing, got {host[:16]}{'...' if len(host) > 16 else ''}")
+        raise ValueError(f"{op}: {name} must be non-decreasing, got {host[:16]}{'...' if len(host) > 16 else ''}")
     if host[-1] > total:
-        raise ValueError(f"{op}: cu_seqlens[-1] must be <= T = {total}, got {host[-1]}")
+        raise ValueError(f"{op}: {name}[-1] must be <= T = {total}, got {host[-1]}")
     return host
 
 

@@ -30,9 +30,11 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="write report.md, report.json and plots/ here")
     p.add_argument("--summary-md", metavar="PATH",
                    help="also write the summary table (op, ours ms, best other ms, ratio, %% of ceiling) to PATH")
-    p.add_argument("--from-json", nargs="+", metavar="REPORT_JSON",
+    mode = p.add_mutually_exclusive_group()  # the three ways to run nothing: one at a time
+    mode.add_argument("--from-json", nargs="+", metavar="REPORT_JSON",
                    help="run nothing: re-render report.md/plots (into --out) and --summary-md from one or more "
-                        "report.json (several are merged, e.g. per-family GPU jobs); --ops keeps those ops' rows")
+                        "report.json (several are merged, e.g. per-family GPU jobs); --ops and --suite keep those ops' "
+                        "and suites' rows")
     p.add_argument("--dtypes", help="comma-separated subset of fp32,fp16,bf16 (default: each case's own per suite)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available, else cpu")
     size = p.add_mutually_exclusive_group()
@@ -57,10 +59,27 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "a time-limited GPU job")
     p.add_argument("--no-plots", action="store_true", help="do not draw the PNG plots")
     p.add_argument("--atk-dir", metavar="DIR", help="case-file directory (default: tests/atk_tests of this checkout)")
-    p.add_argument("--list", action="store_true", help="list the ops, cases and shape points, run nothing")
-    p.add_argument("--validate", action="store_true", help="validate the case files (and their callables), run nothing")
+    mode.add_argument("--list", action="store_true", help="list the ops, cases and shape points, run nothing")
+    mode.add_argument("--validate", action="store_true",
+                      help="validate the case files (and their callables), run nothing")
     p.add_argument("--verbose", action="store_true", help="log every measured row and print tracebacks")
     return p
+
+
+#: the flags read by each mode that runs nothing; any other flag given with it is a usage error (it used to be
+#: silently ignored, e.g. --dtypes fp8 with --from-json)
+_MODE_FLAGS = {"list": {"ops", "atk_dir"}, "validate": {"ops", "atk_dir", "device"},
+               "from_json": {"ops", "suite", "out", "summary_md", "no_plots"}}
+
+
+def _unused_flags(args, parser: argparse.ArgumentParser, mode: str) -> list:
+    """The flags given (not at their default) that ``mode`` does not read."""
+    defaults = vars(parser.parse_args([]))  # as argparse fills them (--small/--full share one dest)
+    flags: dict = {}
+    for a in parser._actions:
+        if a.option_strings and a.dest not in _MODE_FLAGS[mode] | {mode, "help"}:
+            flags.setdefault(a.dest, []).append(a.option_strings[0])
+    return ["/".join(f) for dest, f in flags.items() if getattr(args, dest) != defaults[dest]]
 
 
 def _console():
@@ -88,6 +107,8 @@ def _validate(args, con) -> int:
     from .runner import resolve_callable
     from .schema import load_specs
 
+    if args.device == "cuda" and not torch.cuda.is_available():  # as for a run: not "valid" on a missing device
+        raise ValueError("--device cuda: no CUDA device is available")
     prepare_device(torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")))
     specs = load_specs(args.atk_dir, _split(args.ops))
     bad = 0
@@ -105,14 +126,35 @@ def _validate(args, con) -> int:
     return 1 if bad else 0
 
 
+#: where a report keeps each suite's rows: performance and memory share the measured rows (and the
+#: baselines not run); ``not_run`` labels start with the runner's item kind
+_SUITE_KEYS = {"accuracy": ("accuracy",), "determinism": ("determinism",), "performance": ("performance", "skipped"),
+               "memory": ("performance", "skipped")}
+_ITEM_SUITES = {"accuracy": ("accuracy",), "check": ("accuracy",), "determinism": ("determinism",),
+                "measure": ("performance", "memory")}
+
+
 def _from_json(args, con) -> int:
     from .report import load_report, merge_reports, summary_markdown, write_all
+    from .runner import parse_suites
 
+    suites = parse_suites(args.suite)  # before reading anything: an unknown suite is a usage error
     report = merge_reports([load_report(p) for p in args.from_json])
     ops = _split(args.ops)
     if ops:  # re-render only these ops' rows (e.g. one family's table out of a merged run)
         for key in ("accuracy", "determinism", "performance", "skipped", "load_errors"):
             report[key] = [r for r in report.get(key, []) if r.get("op") in ops]
+    if "all" not in suites:  # only these suites' rows and report sections
+        keep = {k for s in suites for k in _SUITE_KEYS[s]}
+        for key in {k for ks in _SUITE_KEYS.values() for k in ks} - keep:
+            report[key] = []
+        meta = report.setdefault("meta", {})
+        meta["suites"] = [s for s in meta.get("suites", []) if s in suites]
+        if "not_run" in report:
+            report["not_run"] = [lbl for lbl in report["not_run"]
+                                 if set(_ITEM_SUITES.get(lbl.split(" ", 1)[0], ())) & set(suites)]
+    # the summary table is of timings: empty unless the performance suite is kept (memory shares its rows)
+    summary = summary_markdown(report if {"all", "performance"} & set(suites) else {**report, "performance": []})
     if args.out:
         paths = write_all(args.out, report, plots=not args.no_plots)
         con.print(f"wrote {paths['md']}, {paths['json']}" + (f", {len(paths['plots'])} plot(s)" if paths["plots"]
@@ -120,10 +162,10 @@ def _from_json(args, con) -> int:
     if args.summary_md:
         os.makedirs(os.path.dirname(os.path.abspath(args.summary_md)), exist_ok=True)
         with open(args.summary_md, "w") as f:
-            f.write(summary_markdown(report))
+            f.write(summary)
         con.print(f"wrote {args.summary_md}", markup=False)
     if not args.out and not args.summary_md:
-        con.print(summary_markdown(report), markup=False)
+        con.print(summary, markup=False)
     return 0
 
 
@@ -134,8 +176,15 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if args.ops is not None and not _split(args.ops):
         parser.error("--ops: no op names given")
+    for flag, value in (("--dtypes", args.dtypes), ("--backends", args.backends), ("--baselines", args.baselines)):
+        if value is not None and not _split([value]):  # e.g. --dtypes ",": not the default selection
+            parser.error(f"{flag}: no names given")
+    for mode in _MODE_FLAGS:
+        unused = _unused_flags(args, parser, mode) if getattr(args, mode) else []
+        if unused:
+            parser.error(f"--{mode.replace('_', '-')} does not use {', '.join(unused)}")
     for flag, path, is_dir in (("--out", args.out, True), ("--summary-md", args.summary_md, False)):
-        if path and output_path_problem(path, is_dir):  # fail now, not after the run
+        if path is not None and output_path_problem(path, is_dir):  # fail now, not after the run
             parser.error(f"{flag} {path}: {output_path_problem(path, is_dir)}")
     con = _console()
     try:
@@ -179,6 +228,8 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 2
     except (ValueError, RuntimeError) as e:
         parser.error(str(e))
+    except BrokenPipeError:  # stdout closed by its reader (`| head`): not a usage error, main() ends quietly
+        raise
     except OSError as e:  # e.g. --from-json naming a directory, an unwritable --out
         parser.error(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
     _print_summary(report, con)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -69,13 +68,19 @@ def resolve_callable(path: str) -> Callable:
     return obj
 
 
-def resolve_suites(requested: Sequence[str], device: torch.device) -> tuple[list, list]:
-    """(suites to run, notes). ``all`` on CPU keeps accuracy and determinism."""
-    notes = []
+def parse_suites(requested: Sequence[str]) -> list:
+    """The suite names of ``--suite`` (space or comma separated, ``all`` included); ``ValueError`` for others."""
     req = [s.strip() for item in requested for s in str(item).split(",") if s.strip()]
     bad = [s for s in req if s not in SUITES + ("all",)]
     if bad:
         raise ValueError(f"unknown suite(s) {', '.join(bad)}; use {', '.join(SUITES)} or all")
+    return req
+
+
+def resolve_suites(requested: Sequence[str], device: torch.device) -> tuple[list, list]:
+    """(suites to run, notes). ``all`` on CPU keeps accuracy and determinism."""
+    notes = []
+    req = parse_suites(requested)
     if "all" in req:
         if device.type == "cuda":
             return list(SUITES), notes
@@ -280,10 +285,9 @@ def _measure(item: Item, call, reference, device: str, suites: list, ceilings: d
 
 
 def _console():
-    from rich.console import Console
+    from ..cli import _console as console  # the CLI's console: main() handles a closed stdout pipe
 
-    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return Console(width=160 if wide else None, highlight=False)
+    return console()
 
 
 def new_report(device: torch.device, suites: list, opts: Options, notes: list) -> dict:
@@ -470,5 +474,5 @@ def failures(report: dict) -> list[str]:
     return out
 
 
-__all__ = ["Options", "resolve_callable", "resolve_suites", "shape_points", "Item", "Plan", "make_plan", "run",
+__all__ = ["Options", "resolve_callable", "parse_suites", "resolve_suites", "shape_points", "Item", "Plan", "make_plan", "run",
            "failures", "new_report"]

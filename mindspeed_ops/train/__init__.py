@@ -149,8 +149,10 @@ def _usage_error(parser: Optional[argparse.ArgumentParser], msg: str) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``examples/train_hybrid.py`` (same arguments as ``mindspeed-ops train``)."""
+    from ..cli import quiet_on_closed_pipe  # like mindspeed-ops: a closed stdout pipe ends quietly
+
     parser = build_parser()
-    return run_cli(parser.parse_args(argv), parser)
+    return quiet_on_closed_pipe(lambda: run_cli(parser.parse_args(argv), parser))
 
 
 __all__ = ["PRESETS", "build_parser", "run_cli", "main"]

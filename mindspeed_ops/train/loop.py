@@ -8,7 +8,6 @@ import contextlib
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -343,18 +342,19 @@ def _fmt_mem(b: Optional[int]) -> str:
 def run(args: argparse.Namespace, device: str) -> int:
     """``mindspeed-ops train``: print the set-up, train (and with ``--compare`` train again on the
     reference backend), write ``loss.png``/``metrics.json`` and print a summary. Returns the exit code."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
     from rich.table import Table
+
+    from ..cli import _console
 
     cfg, s = resolve(args, device)
     if s.threads:
         torch.set_num_threads(s.threads)
     if args.compare and args.resume:
         raise SystemExit("--compare and --resume cannot be combined (the comparison needs two full runs)")
-    con = Console(highlight=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120)
+    con = _console(piped_width=120)  # the CLI's console: main() handles a closed stdout pipe
     try:
         corpus = ByteCorpus.from_stdlib(max_bytes=int(args.data_mb * 2**20))
     except RuntimeError as e:

@@ -39,10 +39,21 @@ def kwargs_policy(op: str, kwargs: dict) -> dict:
     return {k: kwargs[k] for k in HINT_KWARGS if kwargs.get(k) is not None}
 
 
+def cu_seqlens_hint(op: str, cu_seqlens, hints: dict) -> tuple:
+    """``(cu_seqlens, cu_seqlens_cpu)`` for the op from the accepted hints: the hint must be a tensor;
+    given alone it also serves as ``cu_seqlens`` (it is a valid offsets tensor by itself)."""
+    cu_cpu = hints.get("cu_seqlens_cpu")
+    if cu_cpu is not None and not isinstance(cu_cpu, torch.Tensor):
+        raise TypeError(f"{op}: cu_seqlens_cpu must be a torch.Tensor (the host copy of cu_seqlens), got "
+                        f"{type(cu_cpu).__name__}")
+    return (cu_cpu if cu_seqlens is None else cu_seqlens), cu_cpu
+
+
 def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size: Optional[int] = None,
-               per_channel_gate: bool = False) -> tuple[int, int]:
+               per_channel_gate: bool = False, cu_seqlens_cpu=None) -> tuple[int, int]:
     """Validate without reading device values (also runs on fake tensors); returns ``(N, HV)``.
-    ``per_channel_gate``: ``g`` is ``[B, T, HV, K]`` (KDA) instead of ``[B, T, HV]``."""
+    ``per_channel_gate``: ``g`` is ``[B, T, HV, K]`` (KDA) instead of ``[B, T, HV]``;
+    ``cu_seqlens_cpu``: its metadata is checked (:func:`check_cu_seqlens_cpu`)."""
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state)):
         if t is not None:
             check_tensor(op, name, t, dtypes=FLOAT_DTYPES + (torch.float64,))
@@ -78,6 +89,7 @@ def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chun
                              f"{shape_str(cu_seqlens.shape)}")
         if cu_seqlens.device != q.device and cu_seqlens.device.type != "cpu":
             raise ValueError(f"{op}: cu_seqlens is on {cu_seqlens.device} but q is on {q.device}")
+    check_cu_seqlens_cpu(op, cu_seqlens, cu_seqlens_cpu)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if initial_state is not None:
         check_tensor(op, "initial_state", initial_state, shape=(N, HV, K, V), shape_desc="[N, HV, K, V]")
@@ -85,9 +97,33 @@ def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chun
     return N, HV
 
 
+def check_cu_seqlens_cpu(op: str, cu_seqlens, cu_seqlens_cpu) -> None:
+    """Metadata of the ``cu_seqlens_cpu`` hint, no value read (runs on fake tensors too): a 1-D
+    int32/int64 tensor on the CPU (a device tensor would need the very sync the hint avoids) with as
+    many entries as ``cu_seqlens``, which must be given."""
+    if cu_seqlens_cpu is None:
+        return
+    check_tensor(op, "cu_seqlens_cpu", cu_seqlens_cpu, dtypes=(torch.int32, torch.int64), ndim=1)
+    if cu_seqlens_cpu.device.type != "cpu":
+        raise ValueError(f"{op}: cu_seqlens_cpu must be a CPU tensor (the host copy of cu_seqlens), got one on "
+                         f"{cu_seqlens_cpu.device}")
+    if cu_seqlens is None:
+        raise ValueError(f"{op}: cu_seqlens_cpu is given without cu_seqlens (it is the host copy of cu_seqlens)")
+    if cu_seqlens_cpu.shape[0] != cu_seqlens.shape[0]:
+        raise ValueError(f"{op}: cu_seqlens_cpu must have the shape of cu_seqlens {shape_str(cu_seqlens.shape)}, "
+                         f"got {shape_str(cu_seqlens_cpu.shape)}")
+
+
 def host_cu(op: str, q, cu_seqlens, cu_seqlens_cpu=None) -> Optional[list]:
-    """Host copy of the offsets, validated (one sync, SPEC 0.3; none when ``cu_seqlens_cpu`` is given)."""
+    """Host copy of the offsets, validated (SPEC 0.3).
+
+    Without ``cu_seqlens_cpu``: one device->host read of ``cu_seqlens`` (a sync). With it, ``cu_seqlens``
+    is not read at all: the hint's metadata is checked against ``cu_seqlens``' (dtype, 1-D, CPU, same
+    length), its values are validated (``[0] == 0``, non-decreasing, ``[-1] <= T``) and used. That they
+    equal ``cu_seqlens``' values is trusted: checking it would need the read the hint avoids."""
+    check_cu_seqlens_cpu(op, cu_seqlens, cu_seqlens_cpu)
     if cu_seqlens is None:
         return None
-    src = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens
-    return check_cu_seqlens(op, src, batch=q.shape[0], total=q.shape[1])
+    if cu_seqlens_cpu is None:
+        return check_cu_seqlens(op, cu_seqlens, batch=q.shape[0], total=q.shape[1])
+    return check_cu_seqlens(op, cu_seqlens_cpu, batch=q.shape[0], total=q.shape[1], name="cu_seqlens_cpu")

@@ -41,8 +41,9 @@ def _reference_forward(q, k, v, g, beta, scale, initial_state, output_final_stat
     return o, final, G, _ref.solve_tril_ref(A, cu_seqlens, output_dtype=k.dtype)
 
 
-def _reference_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_l2, cu_seqlens, chunk_size):
-    """Autograd of the chunked reference (``G``/``Ainv`` recomputed inside)."""
+def _reference_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_l2, cu_seqlens, cu_host,
+                        chunk_size):
+    """Autograd of the chunked reference (``G``/``Ainv`` recomputed inside; reads ``cu_seqlens`` itself)."""
     want_final = dht is not None
     empty = _ref.no_token_grads(q, k, v, g, beta, initial_state, dht, cu_seqlens)
     if empty is not None:  # nothing processed: autograd would record no graph
@@ -55,22 +56,19 @@ def _reference_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale
     return tuple(reference_vjp(fn, (q, k, v, g, beta, initial_state), (do, dht) if want_final else do))
 
 
-def _triton_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_l2, cu_seqlens, chunk_size):
-    return _chunk.backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_l2, cu_seqlens,
-                           _args.host_cu(OP, q, cu_seqlens), chunk_size)
-
-
-backends.register(OP, "triton", forward=_chunk.forward, backward=_triton_backward)
+backends.register(OP, "triton", forward=_chunk.forward, backward=_chunk.backward)
 backends.register(OP, "reference", forward=_reference_forward, backward=_reference_backward)
 
 
 @torch.library.custom_op("mindspeed_ops::chunk_gated_delta_rule", mutates_args=())
 def chunk_gdr_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], beta: torch.Tensor,
                  scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
-                 use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int
+                 use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int,
+                 cu_seqlens_cpu: Optional[torch.Tensor] = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size)
-    cu_host = _args.host_cu(OP, q, cu_seqlens)
+    _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size,
+                     cu_seqlens_cpu=cu_seqlens_cpu)
+    cu_host = _args.host_cu(OP, q, cu_seqlens, cu_seqlens_cpu)  # no read of cu_seqlens when the hint is given
     impl = backends.implementation(OP, q.device)
     o, final, G, Ainv = impl.forward(q, k, v, g, beta, scale, initial_state, output_final_state,
                                      use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size)
@@ -80,8 +78,10 @@ def chunk_gdr_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[
 
 
 @chunk_gdr_op.register_fake
-def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size):
-    N, HV = _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size)
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size,
+      cu_seqlens_cpu=None):
+    N, HV = _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size,
+                             cu_seqlens_cpu=cu_seqlens_cpu)
     B, T, _, K = q.shape
     V = v.shape[3]
     o = q.new_empty(B, T, HV, V)
@@ -96,11 +96,13 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_
 def chunk_gdr_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
                      v: torch.Tensor, g: Optional[torch.Tensor], beta: torch.Tensor, G: torch.Tensor,
                      Ainv: torch.Tensor, initial_state: Optional[torch.Tensor], scale: float,
-                     use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int
+                     use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int,
+                     cu_seqlens_cpu: Optional[torch.Tensor] = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    cu_host = _args.host_cu(OP, q, cu_seqlens, cu_seqlens_cpu)
     impl = backends.implementation(OP, q.device)
     dq, dk, dv, dg, dbeta, dh0 = impl.backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale,
-                                               use_qk_l2norm_in_kernel, cu_seqlens, chunk_size)
+                                               use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size)
     # one fresh placeholder per absent gradient: a custom op's returns may not alias each other
     # contiguous, like the fake: torch.empty_like there kept a permuted input's strides (a [B, H, T, K]
     # tensor seen as [B, T, H, K]) while the kernels return contiguous gradients -> compile failed
@@ -112,7 +114,10 @@ def chunk_gdr_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Ten
 
 
 @chunk_gdr_bwd_op.register_fake
-def _(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size):
+def _(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size,
+      cu_seqlens_cpu=None):
+    _args.check_cu_seqlens_cpu(OP, cu_seqlens, cu_seqlens_cpu)
+
     def like(t):
         return torch.empty_like(t, memory_format=torch.contiguous_format)
     return (like(q), like(k), like(v), q.new_empty(0) if g is None else like(g), like(beta),
@@ -120,21 +125,23 @@ def _(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_qk_l2norm_in
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, g, beta, scale, h0, output_final_state, use_l2, cu_seqlens, chunk_size = inputs
+    q, k, v, g, beta, scale, h0, output_final_state, use_l2, cu_seqlens, chunk_size = inputs[:11]
+    cu_cpu = inputs[11] if len(inputs) > 11 else None  # eager callers may leave the defaulted hint out
     _, _, G, Ainv = output
     ctx.scale, ctx.use_l2, ctx.chunk_size, ctx.has_final = scale, use_l2, chunk_size, output_final_state
     ctx.has_g, ctx.has_h0 = g is not None, h0 is not None
-    ctx.save_for_backward(q, k, v, g, beta, G, Ainv, h0, cu_seqlens)
+    ctx.save_for_backward(q, k, v, g, beta, G, Ainv, h0, cu_seqlens, cu_cpu)
 
 
 def _backward(ctx, do, dfinal, dG, dAinv):
-    q, k, v, g, beta, G, Ainv, h0, cu_seqlens = ctx.saved_tensors
+    q, k, v, g, beta, G, Ainv, h0, cu_seqlens, cu_cpu = ctx.saved_tensors
     dht = dfinal if ctx.has_final and dfinal is not None else None
     if do is None:
         do = torch.zeros(*q.shape[:2], *v.shape[2:], dtype=q.dtype, device=q.device)
     dq, dk, dv, dg, dbeta, dh0 = call_op(ctx, chunk_gdr_bwd_op, do, dht, q, k, v, g, beta, G, Ainv, h0, ctx.scale,
-                                         ctx.use_l2, cu_seqlens, ctx.chunk_size)
-    return (dq, dk, dv, dg if ctx.has_g else None, dbeta, None, dh0 if ctx.has_h0 else None, None, None, None, None)
+                                         ctx.use_l2, cu_seqlens, ctx.chunk_size, cu_cpu)
+    return (dq, dk, dv, dg if ctx.has_g else None, dbeta, None, dh0 if ctx.has_h0 else None, None, None, None, None,
+            None)
 
 
 chunk_gdr_op.register_autograd(_backward, setup_context=_setup)
@@ -179,6 +186,12 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
             ``cu_seqlens_cpu``, ``chunk_indices``, ``use_graph``, ``max_num_seqs`` are accepted hints; the
             unimplemented options (``use_gate_in_kernel``, ``A_log``, ...) raise ``NotImplementedError``
             when set; anything else is ignored with a one-time warning.
+            ``cu_seqlens_cpu``: a host (CPU) copy of ``cu_seqlens``; with it the forward and the backward
+            never read ``cu_seqlens`` back to the host (no device->host sync). It must be a 1-D int32/int64
+            CPU tensor with as many entries as ``cu_seqlens`` (``TypeError``/``ValueError`` otherwise), and
+            its values are validated like ``cu_seqlens``' and used by the Triton launchers; that they
+            equal ``cu_seqlens``' is trusted (not checked: that would be the sync). Given without
+            ``cu_seqlens`` it serves as the offsets. The reference backend reads ``cu_seqlens`` itself.
 
     Returns:
         ``(o [B, T, HV, V] in q.dtype, final_state [N, HV, K, V] fp32 or None)``.
@@ -193,9 +206,9 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     Source: Yang, Kautz, Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta Rule" (ICLR 2025),
     eq. (10) and the chunkwise WY form; Qwen3-Next model code.
     """
-    _args.kwargs_policy(OP, kwargs)
+    cu_seqlens, cu_cpu = _args.cu_seqlens_hint(OP, cu_seqlens, _args.kwargs_policy(OP, kwargs))
     K = q.shape[-1] if q.dim() == 4 else 1
     scale = float(K ** -0.5) if scale is None else float(scale) if isinstance(scale, (int, float)) else scale
     o, final, _, _ = _chunk_gdr(q, k, v, g, beta, scale, initial_state, bool(output_final_state),
-                                bool(use_qk_l2norm_in_kernel), cu_seqlens, int(chunk_size))
+                                bool(use_qk_l2norm_in_kernel), cu_seqlens, int(chunk_size), cu_cpu)
     return o, (final if output_final_state else None)

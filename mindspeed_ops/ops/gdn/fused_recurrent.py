@@ -20,9 +20,9 @@ from . import args as _args
 from . import reference as _ref
 
 OP = "fused_recurrent_gated_delta_rule"
-def check_args(q, k, v, g, beta, scale, initial_state, cu_seqlens) -> tuple[int, int]:
+def check_args(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu=None) -> tuple[int, int]:
     """Validate without reading device values (also on fake tensors); returns ``(N, HV)``."""
-    return _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    return _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
 
 
 def _host_cu(q, cu_seqlens, cu_seqlens_cpu) -> Optional[list]:
@@ -98,7 +98,7 @@ def fused_recurrent_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Opt
                        beta: torch.Tensor, scale: float, initial_state: Optional[torch.Tensor],
                        output_final_state: bool, use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor],
                        cu_seqlens_cpu: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    check_args(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    check_args(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
     impl = backends.implementation(OP, q.device)
     o, fs = impl.forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                          cu_seqlens, cu_seqlens_cpu)
@@ -108,7 +108,7 @@ def fused_recurrent_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Opt
 @fused_recurrent_op.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
       cu_seqlens_cpu):
-    N, HV = check_args(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    N, HV = check_args(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
     B, T, _, K = q.shape
     V = v.shape[3]
     fs = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else _empty(q)
@@ -174,11 +174,12 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
         cu_seqlens: ``[N+1]`` int32/int64 packed offsets (then ``B == 1``); tail tokens are never read
             and give ``o = 0``.
         **kwargs: SPEC 1.10.10 keyword policy: ``head_first=True`` raises ``ValueError``;
-            ``cu_seqlens_cpu`` (host copy of ``cu_seqlens``, saves a sync), ``chunk_indices``,
-            ``use_graph``, ``max_num_seqs`` accepted; ``use_gate_in_kernel``, ``A_log``, ``dt_bias``,
-            ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval``, ``state_v_first``,
-            ``transpose_state_layout``, ``cp_context``, ``return_intermediate_states`` raise
-            ``NotImplementedError`` when set; anything else is ignored with a one-time warning.
+            ``cu_seqlens_cpu`` (host copy of ``cu_seqlens``, saves a sync; validated as in
+            ``chunk_gated_delta_rule``), ``chunk_indices``, ``use_graph``, ``max_num_seqs`` accepted;
+            ``use_gate_in_kernel``, ``A_log``, ``dt_bias``, ``use_beta_sigmoid_in_kernel``,
+            ``allow_neg_eigval``, ``state_v_first``, ``transpose_state_layout``, ``cp_context``,
+            ``return_intermediate_states`` raise ``NotImplementedError`` when set; anything else is
+            ignored with a one-time warning.
 
     Returns:
         ``(o [B, T, HV, V] in q.dtype, final_state [N, HV, K, V] fp32 or None)``.
@@ -192,12 +193,9 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
 
     Source: Yang, Kautz, Hatamizadeh, Gated Delta Networks (ICLR 2025); Qwen3-Next decode path.
     """
-    cu_cpu = _args.kwargs_policy(OP, kwargs).get("cu_seqlens_cpu")
-    if cu_cpu is not None and cu_seqlens is None:
-        cu_seqlens = cu_cpu
-    check_args(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    cu_seqlens, cu_cpu = _args.cu_seqlens_hint(OP, cu_seqlens, _args.kwargs_policy(OP, kwargs))
+    check_args(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_cpu)
     sc = float(q.shape[-1] ** -0.5 if scale is None else scale)
     o, fs = _fused_recurrent(q, k, v, g, beta, sc, initial_state, bool(output_final_state),
-                             bool(use_qk_l2norm_in_kernel), cu_seqlens,
-                             cu_cpu if isinstance(cu_cpu, torch.Tensor) else None)
+                             bool(use_qk_l2norm_in_kernel), cu_seqlens, cu_cpu)
     return o, (fs if output_final_state else None)

@@ -44,7 +44,8 @@ def stage_kwargs(op: str, kwargs: dict) -> None:
             warnings.warn(f"{op}: ignoring unknown keyword argument {name!r}", UserWarning, stacklevel=3)
 
 
-def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size) -> tuple[int, int]:
+def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size,
+               cu_seqlens_cpu=None) -> tuple[int, int]:
     """Full operator (SPEC 1.11.3): the GDN checks with per-channel ``g [B, T, HV, K]``, ``chunk_size``
     in {32, 64} and an fp32-only ``initial_state``. No device reads (runs on fake tensors). ``(N, HV)``."""
     check_chunk_size(op, chunk_size)
@@ -52,7 +53,7 @@ def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chun
         raise TypeError(f"{op}: initial_state must have dtype float32 (the state is fp32), got "
                         f"{str(initial_state.dtype).replace('torch.', '')}")
     return _gdn_args.check_args(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size,
-                                per_channel_gate=True)
+                                per_channel_gate=True, cu_seqlens_cpu=cu_seqlens_cpu)
 
 
 def check_qkv_gk(op: str, q, k, v, gk, beta, scale, chunk_size, cu_seqlens, **others) -> Optional[list]:

@@ -17,6 +17,8 @@ from ..common import call_op, eager_autograd, reference_vjp
 from ..gdn import reference as _gdn_ref
 from ..gdn.reference import _l2norm, chunk_local_cumsum_ref, solve_tril_ref
 from ..gdn.reference_wy import chunk_scaled_dot_kkt_fwd_ref
+from ..gdn.args import check_cu_seqlens_cpu as _check_cu_cpu
+from ..gdn.args import cu_seqlens_hint as _cu_seqlens_hint
 from ..gdn.args import host_cu as _host_cu
 from . import args as _args
 from . import chunk as _chunk
@@ -69,10 +71,11 @@ backends.register(OP, "reference", forward=_reference_forward, backward=_referen
 @torch.library.custom_op("mindspeed_ops::chunk_kda", mutates_args=())
 def chunk_kda_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                  scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
-                 use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int
+                 use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int,
+                 cu_seqlens_cpu: Optional[torch.Tensor] = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size)
-    cu_host = _host_cu(OP, q, cu_seqlens)
+    _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size, cu_seqlens_cpu)
+    cu_host = _host_cu(OP, q, cu_seqlens, cu_seqlens_cpu)  # no read of cu_seqlens when the hint is given
     impl = backends.implementation(OP, q.device)
     o, final, G, Akk, Aqk = impl.forward(q, k, v, g, beta, scale, initial_state, output_final_state,
                                          use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size)
@@ -82,8 +85,9 @@ def chunk_kda_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
 
 
 @chunk_kda_op.register_fake
-def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size):
-    N, HV = _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size)
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size,
+      cu_seqlens_cpu=None):
+    N, HV = _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size, cu_seqlens_cpu)
     B, T, _, K = q.shape
     V = v.shape[3]
     o = q.new_empty(B, T, HV, V)
@@ -96,9 +100,10 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_
 def chunk_kda_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
                      v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, G: torch.Tensor, Akk: torch.Tensor,
                      Aqk: torch.Tensor, initial_state: Optional[torch.Tensor], scale: float,
-                     use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int
+                     use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int,
+                     cu_seqlens_cpu: Optional[torch.Tensor] = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    cu_host = _host_cu(OP, q, cu_seqlens)
+    cu_host = _host_cu(OP, q, cu_seqlens, cu_seqlens_cpu)
     impl = backends.implementation(OP, q.device)
     dq, dk, dv, dg, dbeta, dh0 = impl.backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale,
                                                use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size)
@@ -112,7 +117,10 @@ def chunk_kda_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Ten
 
 
 @chunk_kda_bwd_op.register_fake
-def _(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size):
+def _(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size,
+      cu_seqlens_cpu=None):
+    _check_cu_cpu(OP, cu_seqlens, cu_seqlens_cpu)
+
     def like(t):
         return torch.empty_like(t, memory_format=torch.contiguous_format)
     return (like(q), like(k), like(v), like(g), like(beta),
@@ -120,21 +128,22 @@ def _(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale, use_qk_l2nor
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, g, beta, scale, h0, output_final_state, use_l2, cu_seqlens, chunk_size = inputs
+    q, k, v, g, beta, scale, h0, output_final_state, use_l2, cu_seqlens, chunk_size = inputs[:11]
+    cu_cpu = inputs[11] if len(inputs) > 11 else None  # eager callers may leave the defaulted hint out
     _, _, G, Akk, Aqk = output
     ctx.scale, ctx.use_l2, ctx.chunk_size, ctx.has_final = scale, use_l2, chunk_size, output_final_state
     ctx.has_h0 = h0 is not None
-    ctx.save_for_backward(q, k, v, g, beta, G, Akk, Aqk, h0, cu_seqlens)
+    ctx.save_for_backward(q, k, v, g, beta, G, Akk, Aqk, h0, cu_seqlens, cu_cpu)
 
 
 def _backward(ctx, do, dfinal, dG, dAkk, dAqk):
-    q, k, v, g, beta, G, Akk, Aqk, h0, cu_seqlens = ctx.saved_tensors
+    q, k, v, g, beta, G, Akk, Aqk, h0, cu_seqlens, cu_cpu = ctx.saved_tensors
     dht = dfinal if ctx.has_final and dfinal is not None else None
     if do is None:
         do = torch.zeros(*q.shape[:2], *v.shape[2:], dtype=q.dtype, device=q.device)
     dq, dk, dv, dg, dbeta, dh0 = call_op(ctx, chunk_kda_bwd_op, do, dht, q, k, v, g, beta, G, Akk, Aqk, h0,
-                                         ctx.scale, ctx.use_l2, cu_seqlens, ctx.chunk_size)
-    return (dq, dk, dv, dg, dbeta, None, dh0 if ctx.has_h0 else None, None, None, None, None)
+                                         ctx.scale, ctx.use_l2, cu_seqlens, ctx.chunk_size, cu_cpu)
+    return (dq, dk, dv, dg, dbeta, None, dh0 if ctx.has_h0 else None, None, None, None, None, None)
 
 
 chunk_kda_op.register_autograd(_backward, setup_context=_setup)
@@ -181,6 +190,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[tor
             ``cu_seqlens_cpu``, ``chunk_indices``, ``use_graph``, ``max_num_seqs`` accepted; unimplemented
             options such as ``use_gate_in_kernel``, ``A_log`` raise ``NotImplementedError`` when set; anything
             else warns once), plus ``safe_gate``, ``lower_bound``, ``disable_recompute`` accepted with no effect.
+            ``cu_seqlens_cpu``: host copy of ``cu_seqlens`` that spares the forward and the backward their
+            device->host read; validated and trusted as for ``chunk_gated_delta_rule`` (its docstring).
 
     Returns:
         ``(o [B, T, HV, V] in q.dtype, final_state [N, HV, K, V] fp32 or None)``.
@@ -197,11 +208,11 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[tor
     Attention; chunkwise WY/UT form after Yang et al., "Parallelizing Linear Transformers with the Delta Rule
     over Sequence Length" (NeurIPS 2024).
     """
-    _args.kwargs_policy(OP, kwargs)
+    cu_seqlens, cu_cpu = _cu_seqlens_hint(OP, cu_seqlens, _args.kwargs_policy(OP, kwargs))
     K = q.shape[-1] if q.dim() == 4 else 1
     scale = float(K ** -0.5) if scale is None else float(scale) if isinstance(scale, (int, float)) else scale
     if g is None and isinstance(v, torch.Tensor) and v.dim() == 4 and q.dim() == 4:
         g = torch.zeros(*v.shape[:3], K, dtype=torch.float32, device=v.device)
     o, final, _, _, _ = _chunk_kda(q, k, v, g, beta, scale, initial_state, bool(output_final_state),
-                                   bool(use_qk_l2norm_in_kernel), cu_seqlens, int(chunk_size))
+                                   bool(use_qk_l2norm_in_kernel), cu_seqlens, int(chunk_size), cu_cpu)
     return o, (final if output_final_state else None)

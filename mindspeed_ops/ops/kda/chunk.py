@@ -11,7 +11,7 @@ intra-chunk paths through ``Aqk`` and ``M`` (KDA) -> ``dg`` = reverse chunk-loca
 (GDN) -> sum over shared value heads, l2norm backward.
 
 The stage launchers are called directly (their arguments are validated once, by the operator), so
-varlen offsets are read on the host once per call.
+varlen offsets are read on the host once per call (not at all when the operator got ``cu_seqlens_cpu``).
 """
 from __future__ import annotations
 

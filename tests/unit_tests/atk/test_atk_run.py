@@ -176,6 +176,47 @@ def test_performance_memory_plumbing_report_plots_summary(tmp_path, capsys, monk
     assert code == 0 and json.loads((tmp_path / "r4" / "report.json").read_text())["performance"] == []
 
 
+def test_from_json_suite_keeps_those_suites_rows(tmp_path, capsys):
+    """``--from-json --suite X`` re-renders only suite X (it used to be ignored): a report keeps each suite's
+    rows under its own key, performance and memory sharing the measured rows."""
+    d = tmp_path / "cases"
+    d.mkdir()
+    (d / "clipped_swiglu.yaml").write_text(PERF_CASE.replace("eager, fake_peer, liger_rms_norm", "eager"))
+    src = tmp_path / "r" / "report.json"
+    code, out = _atk("--atk-dir", str(d), "--suite", "accuracy", "determinism", "performance", "memory", "--warmup",
+                     "0", "--rep", "1", "--no-plots", "--out", str(src.parent), capsys=capsys)
+    assert code == 0, out
+    full = json.loads(src.read_text())
+    assert full["accuracy"] and full["determinism"] and full["performance"]
+
+    def rerender(*suite):
+        code, out = _atk("--from-json", str(src), "--suite", *suite, "--no-plots", "--out", str(tmp_path / "x"),
+                         "--summary-md", str(tmp_path / "s.md"), capsys=capsys)
+        assert code == 0, out
+        rep = json.loads((tmp_path / "x" / "report.json").read_text())
+        md = (tmp_path / "x" / "report.md").read_text()
+        return rep, [line for line in md.splitlines() if line.startswith("## ")], (tmp_path / "s.md").read_text()
+
+    rep, sections, summary = rerender("accuracy")
+    assert rep["accuracy"] == full["accuracy"] and not rep["determinism"] and not rep["performance"]
+    assert rep["meta"]["suites"] == ["accuracy"] and sections == ["## Accuracy"] and "| clipped_swiglu" not in summary
+    rep, sections, _ = rerender("determinism")
+    assert rep["determinism"] == full["determinism"] and not rep["accuracy"] and not rep["performance"]
+    assert sections == ["## Determinism"]
+    rep, sections, summary = rerender("performance")
+    assert rep["performance"] == full["performance"] and not rep["accuracy"] and not rep["determinism"]
+    assert "## Performance" in sections and "## Memory" not in sections and "| clipped_swiglu" in summary
+    rep, sections, summary = rerender("memory")
+    assert rep["performance"] == full["performance"] and not rep["accuracy"]
+    assert "## Memory" in sections and "## Performance" not in sections and "| clipped_swiglu" not in summary
+    rep, sections, _ = rerender("accuracy,determinism")
+    assert rep["accuracy"] and rep["determinism"] and not rep["performance"]
+    rep, sections, _ = rerender("all")
+    assert all(rep[k] == full[k] for k in ("accuracy", "determinism", "performance"))
+    assert {"## Accuracy", "## Determinism", "## Performance", "## Memory"} <= set(sections)
+    assert "unknown suite(s) speed" in _atk_usage_error(capsys, "--from-json", str(src), "--suite", "speed")
+
+
 def test_time_budget_stops_early(tmp_path, capsys):
     code, out = _atk("--ops", "rms_norm", "--suite", "accuracy", "--time-budget", "0", "--out", str(tmp_path),
                      capsys=capsys)
@@ -234,6 +275,21 @@ def test_atk_dir_that_is_a_file_or_empty(tmp_path, capsys):
     for flag in ("--list", "--validate"):  # used to list nothing / say "valid" with exit code 0
         assert "has no *.yaml case files" in _atk_usage_error(capsys, "--atk-dir", str(empty), flag)
     assert "no op names given" in _atk_usage_error(capsys, "--ops", ",", "--list")
+
+
+def test_flags_a_mode_does_not_use_are_usage_errors(tmp_path, capsys):
+    """--list, --validate and --from-json run nothing: one at a time, and a run flag given with them is refused
+    (it used to be ignored, e.g. --dtypes fp8 with --from-json or --validate after --list)."""
+    assert "not allowed with argument --list" in _atk_usage_error(capsys, "--list", "--validate")
+    assert "not allowed with argument --list" in _atk_usage_error(capsys, "--list", "--from-json", "r.json")
+    assert "--list does not use --suite" in _atk_usage_error(capsys, "--list", "--suite", "accuracy")
+    err = _atk_usage_error(capsys, "--from-json", "r.json", "--dtypes", "fp8", "--full", "--cases", "x")
+    assert "--from-json does not use --dtypes, --small/--full, --cases" in err
+    assert "--validate does not use --quick" in _atk_usage_error(capsys, "--validate", "--quick")
+    for flag in ("--dtypes", "--backends", "--baselines"):  # an empty list is not the default selection
+        assert f"{flag}: no names given" in _atk_usage_error(capsys, "--ops", "rms_norm", flag, ",")
+    if not ON_GPU:  # "valid" on a device that is not there
+        assert "no CUDA device" in _atk_usage_error(capsys, "--validate", "--device", "cuda")
 
 
 def test_summary_gpu_time_columns():

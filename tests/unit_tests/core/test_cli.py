@@ -91,6 +91,19 @@ def test_nothing_to_run_on_cpu(capsys):
     assert "nothing to run" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("args", [["atk", "--list"], ["info"], ["atk", "--help"], ["train", "--help"]])
+def test_closed_stdout_pipe_ends_quietly(args):
+    """``mindspeed-ops atk --list | head -3``: a reader that closes the pipe early is no error (status 0, no
+    traceback). The read end is closed before the interpreter has started, so every write hits the closed pipe."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "MINDSPEED_OPS_BACKEND")}
+    env["OMP_NUM_THREADS"] = "1"
+    p = subprocess.Popen([sys.executable, "-m", "mindspeed_ops", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    p.stdout.close()
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0 and err == "", err
+
+
 def test_versions_dict():
     v = cli.versions()
     assert v["mindspeed_ops"] == __version__ and v["TRITON_INTERPRET"] in ("on", "off")

@@ -55,6 +55,8 @@ def test_empty_ops_is_a_usage_error(command, capsys):
     (["--timeout", "0"], "--timeout must be > 0"),
     (["--arch", "abc"], "compute capabilities such as 80,90"),
     (["--arch", ","], "--arch accepts"),
+    (["--shapes", ","], "--shapes accepts small, real, got none"),  # compiled nothing and said "0/0 ok"
+    (["--dtypes", ","], "--dtypes: none given"),
 ])
 def test_compile_check_bad_settings(argv, words, capsys):
     assert words in _usage_error(["compile-check", *argv], capsys)
@@ -63,3 +65,10 @@ def test_compile_check_bad_settings(argv, words, capsys):
 def test_compile_check_json_path_is_checked_first(tmp_path, capsys):
     err = _usage_error(["compile-check", "--ops", "l2norm", "--json", str(tmp_path)], capsys)
     assert "--json" in err and "is a directory" in err
+
+
+@pytest.mark.parametrize("argv", [["check", "--json", ""], ["compile-check", "--json", ""], ["atk", "--out", ""],
+                                  ["atk", "--summary-md", ""]])
+def test_empty_output_path_is_a_usage_error(argv, capsys):
+    # e.g. --json "$REPORT" with an empty variable: it used to run everything and write nothing
+    assert "empty path" in _usage_error(argv, capsys)

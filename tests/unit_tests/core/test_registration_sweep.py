@@ -46,6 +46,19 @@ def test_ops_registered():
         assert getattr(ops, name).default._schema.name == f"mindspeed_ops::{name}"
 
 
+def test_import_mindspeed_ops_alone_registers_the_ops():
+    """``torch.ops.mindspeed_ops.<name>`` must work after a bare ``import mindspeed_ops`` (a fresh process:
+    this one has imported the API already)."""
+    import subprocess
+    import sys
+
+    code = ("import torch, mindspeed_ops; "
+            f"missing = [n for n in {TRAINABLE + OTHER!r} if not hasattr(torch.ops.mindspeed_ops, n)]; "
+            "assert not missing, missing")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 # ------------------------------------------------------------------------------------------------ opcheck
 
 def _r(*shape, seed):
@@ -80,7 +93,9 @@ def _cases(layout):
     labels = torch.randint(0, 50, (6,), generator=torch.Generator().manual_seed(8)).to(DEVICE)
     cu = torch.tensor([0, 7, 7, 20], device=DEVICE)
     h03 = lay(r(3, HV, K, V, seed=9))
+    cu_cpu = torch.tensor([0, 7, 7, 20], dtype=torch.int32)  # the cu_seqlens_cpu hint (host copy of cu)
     o, fs, G, Ainv = ops.chunk_gated_delta_rule(q, k, v, g, beta, 0.25, h0, True, True, None, 16)
+    go, gfs, gG, gAinv = ops.chunk_gated_delta_rule(q, k, v, g, beta, 0.25, h03, True, True, cu, 16, cu_cpu)
     ko, kfs, kG, Akk, Aqk = ops.chunk_kda(q, k, v, gk, beta, 0.25, h0, True, True, None, 32)
     vo, vfs, vG, vAkk, vAqk = ops.chunk_kda(q, k, v, gk, beta, 0.25, h03, True, True, cu, 32)
     x6 = r(6, 40, seed=10)
@@ -136,13 +151,23 @@ def _cases(layout):
         "chunk_gated_delta_rule_bwd": (ops.chunk_gated_delta_rule_bwd,
                                        (r(*o.shape, seed=83), r(*fs.shape, seed=84), q, k, v, g, beta, G, Ainv, h0,
                                         0.25, True, None, 16)),
+        "chunk_gated_delta_rule_hint": (ops.chunk_gated_delta_rule, (*_leaf(q, k, v, g, beta), 0.25, *_leaf(h03),
+                                                                     True, True, cu, 16, cu_cpu)),
+        "chunk_gated_delta_rule_bwd_hint": (ops.chunk_gated_delta_rule_bwd,
+                                            (r(*go.shape, seed=89), r(*gfs.shape, seed=90), q, k, v, g, beta, gG,
+                                             gAinv, h03, 0.25, True, cu, 16, cu_cpu)),
         "chunk_kda": (ops.chunk_kda, (*_leaf(q, k, v, gk, beta), 0.25, *_leaf(h0), True, True, None, 32)),
+        "chunk_kda_hint": (ops.chunk_kda, (*_leaf(q, k, v, gk, beta), 0.25, *_leaf(h03), True, True, cu, 32, cu_cpu)),
         "chunk_kda_bwd": (ops.chunk_kda_bwd, (r(*ko.shape, seed=85), r(*kfs.shape, seed=86), q, k, v, gk, beta, kG,
                                               Akk, Aqk, h0, 0.25, True, None, 32)),
         "chunk_kda_bwd_varlen": (ops.chunk_kda_bwd, (r(*vo.shape, seed=87), r(*vfs.shape, seed=88), q, k, v, gk, beta,
                                                      vG, vAkk, vAqk, h03, 0.25, True, cu, 32)),
+        "chunk_kda_bwd_hint": (ops.chunk_kda_bwd, (r(*vo.shape, seed=91), r(*vfs.shape, seed=92), q, k, v, gk, beta,
+                                                   vG, vAkk, vAqk, h03, 0.25, True, cu, 32, cu_cpu)),
         "fused_recurrent_gated_delta_rule": (ops.fused_recurrent_gated_delta_rule,
                                              (q, k, v, g, beta, 0.25, h03, True, True, cu, None)),
+        "fused_recurrent_gated_delta_rule_hint": (ops.fused_recurrent_gated_delta_rule,
+                                                  (q, k, v, g, beta, 0.25, h03, True, True, cu, cu_cpu)),
     }
     return {name: (op, tuple(lay(a) for a in args)) for name, (op, args) in raw.items()}
 
@@ -154,7 +179,8 @@ NAMES = ["clipped_swiglu", "clipped_swiglu_bwd", "sinkhorn", "sinkhorn_bwd", "si
          "causal_conv1d", "causal_conv1d_bwd", "causal_conv1d_bwd_varlen", "sort_chunks_by_idx_with_probs_bwd",
          "sort_chunks_by_idx_bwd", "fused_cross_entropy_loss_bwd", "chunk_loss", "chunk_gated_delta_rule",
          "chunk_gated_delta_rule_bwd", "chunk_kda", "chunk_kda_bwd", "chunk_kda_bwd_varlen",
-         "fused_recurrent_gated_delta_rule"]
+         "fused_recurrent_gated_delta_rule", "chunk_gated_delta_rule_hint", "chunk_gated_delta_rule_bwd_hint",
+         "chunk_kda_hint", "chunk_kda_bwd_hint", "fused_recurrent_gated_delta_rule_hint"]
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "permuted"])
