@@ -246,10 +246,22 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not bad and not n_runs and not report["performance"] and not not_run:
         con.print("nothing to run: no case / shape point / dtype matches the selection (see --list)", markup=False)
         return 2
+    for suite in _empty_suites(report):  # one suite ran nothing while others did: say so, not silence
+        con.print(f"note: the {suite} suite ran nothing: no case / shape point / dtype of it matches the selection "
+                  f"(each case file lists its {suite} dtypes; see --list)", markup=False)
     con.print((f"{len(bad)} failure(s)" if bad else f"all {n_runs} checks passed"
                + (f", {len(report['performance'])} measured rows" if report["performance"] else ""))
               + (f"; {not_run} run(s) not done (time budget)" if not_run else ""), markup=False)
     return 1 if bad else 0
+
+
+def _empty_suites(report: dict) -> list[str]:
+    """Requested suites with no row (and nothing left undone by the time budget) in ``report``."""
+    rows = {"accuracy": report.get("accuracy"), "determinism": report.get("determinism"),
+            "performance": report.get("performance"), "memory": report.get("performance")}
+    if report.get("not_run"):
+        return []
+    return [s for s in report.get("meta", {}).get("suites", []) if s in rows and not rows[s]]
 
 
 def _print_summary(report: dict, con) -> None:
