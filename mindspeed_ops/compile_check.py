@@ -1308,6 +1308,8 @@ def run_cli(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser] 
         usage(f"--jobs must be >= 1, got {args.jobs}")
     if not args.timeout > 0:
         usage(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    if args.real_input_budget < 0:
+        usage(f"--real-input-budget must be >= 0 bytes, got {args.real_input_budget}")
     if args.ops is not None and not args.ops:
         usage("--ops: no op names given")
     if args.json_out is not None:

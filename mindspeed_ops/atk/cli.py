@@ -207,9 +207,10 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.time_budget is not None and not args.time_budget >= 0:
             parser.error(f"--time-budget must be >= 0 seconds, got {args.time_budget:g}")
         for flag, value, ok in (("--warmup", args.warmup, args.warmup >= 0), ("--rep", args.rep, args.rep > 0),
-                                ("--copy-gib", args.copy_gib, args.copy_gib > 0)):
+                                ("--copy-gib", args.copy_gib, 0 < args.copy_gib < float("inf"))):
             if not ok:
-                parser.error(f"{flag} must be {'>= 0' if flag == '--warmup' else '> 0'}, got {value:g}")
+                parser.error(f"{flag} must be {'>= 0' if flag == '--warmup' else 'finite and > 0' if flag == '--copy-gib' else '> 0'}"
+                             f", got {value:g}")
         directions = tuple(d.strip() for d in args.direction.split(",") if d.strip())
         if any(d not in ("fwd", "fwd+bwd") for d in directions) or not directions:
             parser.error("--direction takes fwd, fwd+bwd or fwd,fwd+bwd")

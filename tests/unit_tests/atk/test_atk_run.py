@@ -93,7 +93,8 @@ def test_bad_case_file_exit_code(tmp_path, capsys):
     (["--direction", "bwd"], "--direction takes"),
     (["--rep", "0"], "--rep must be > 0"),
     (["--warmup", "-1"], "--warmup must be >= 0"),
-    (["--copy-gib", "0"], "--copy-gib must be > 0"),
+    (["--copy-gib", "0"], "--copy-gib must be finite and > 0"),
+    (["--copy-gib", "inf"], "--copy-gib must be finite and > 0"),
 ])
 def test_bad_arguments(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
