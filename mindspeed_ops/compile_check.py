@@ -1315,8 +1315,8 @@ def run_cli(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser] 
     if args.json_out is not None:
         from .check_runner import output_path_problem
 
-        if output_path_problem(args.json_out):  # fail now, not after minutes of compiling
-            usage(f"--json {args.json_out}: {output_path_problem(args.json_out)}")
+        if problem := output_path_problem(args.json_out):  # fail now, not after minutes of compiling
+            usage(f"--json {args.json_out}: {problem}")
     if args.ops:
         from .checks import all_cases
 

@@ -184,8 +184,8 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if unused:
             parser.error(f"--{mode.replace('_', '-')} does not use {', '.join(unused)}")
     for flag, path, is_dir in (("--out", args.out, True), ("--summary-md", args.summary_md, False)):
-        if path is not None and output_path_problem(path, is_dir):  # fail now, not after the run
-            parser.error(f"{flag} {path}: {output_path_problem(path, is_dir)}")
+        if path is not None and (problem := output_path_problem(path, is_dir)):  # fail now, not after the run
+            parser.error(f"{flag} {path}: {problem}")
     con = _console()
     try:
         if args.list:
