@@ -5,8 +5,7 @@ picks the implementation (Triton on CUDA, the pure-PyTorch reference on CPU); se
 :mod:`mindspeed_ops.backends` and :func:`use_backend`.
 """
 from .backends import BackendUnavailableError, use_backend
-from . import api  # noqa: E402,F401 - registers every operator: torch.ops.mindspeed_ops.<name> after `import mindspeed_ops`
 
 __version__ = "0.1.0"
 
-__all__ = ["api", "use_backend", "BackendUnavailableError", "__version__"]
+__all__ = ["use_backend", "BackendUnavailableError", "__version__"]

@@ -43,6 +43,7 @@ DTYPE_ALIASES = {
 }
 SHORT_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 
+_KERNEL_MODULE_PREFIXES = ("mindspeed_ops.ops.", "mindspeed_ops.triton_utils", "mindspeed_ops.api.")
 
 
 def dtype_short(dtype: torch.dtype) -> str:
@@ -75,21 +76,8 @@ def default_device() -> str:
 
 
 def kernel_modules_loaded() -> list[str]:
-    """Names of already-imported mindspeed_ops modules holding compiled-mode ``@triton.jit`` functions
-    (autotuned / heuristics wrappers included): those would not run under an interpreter switched on later."""
-    try:
-        from triton.runtime.jit import JITFunction, KernelInterface
-    except ImportError:  # pragma: no cover - no triton: nothing compiled
-        return []
-
-    def compiled(v) -> bool:
-        while isinstance(v, KernelInterface) and not isinstance(v, JITFunction) and hasattr(v, "fn"):
-            v = v.fn  # Autotuner / Heuristics -> the function they wrap
-        return isinstance(v, JITFunction)
-
-    return sorted(name for name, mod in list(sys.modules.items())
-                  if name.startswith("mindspeed_ops") and mod is not None
-                  and any(compiled(v) for v in list(vars(mod).values())))
+    """Names of already-imported mindspeed_ops modules that may hold ``@triton.jit`` kernels."""
+    return sorted(m for m in sys.modules if m.startswith(_KERNEL_MODULE_PREFIXES))
 
 
 def prepare_device(device: torch.device | str) -> bool:

@@ -167,8 +167,8 @@ def cmd_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     ops = [o.strip() for item in (args.ops or []) for o in item.split(",") if o.strip()]
     if args.ops is not None and not ops:
         parser.error("--ops: no op names given")
-    if args.json is not None and cr.output_path_problem(args.json):
-        parser.error(f"--json {args.json}: {cr.output_path_problem(args.json)}")
+    if args.json is not None and (problem := cr.output_path_problem(args.json)):
+        parser.error(f"--json {args.json}: {problem}")
     try:
         interpreting = cr.prepare_device(device)  # before any kernel module is imported
         load_errors: dict[str, str] = {}

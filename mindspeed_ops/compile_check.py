@@ -1308,13 +1308,15 @@ def run_cli(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser] 
         usage(f"--jobs must be >= 1, got {args.jobs}")
     if not args.timeout > 0:
         usage(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    if args.real_input_budget < 0:
+        usage(f"--real-input-budget must be >= 0 bytes, got {args.real_input_budget}")
     if args.ops is not None and not args.ops:
         usage("--ops: no op names given")
     if args.json_out is not None:
         from .check_runner import output_path_problem
 
-        if output_path_problem(args.json_out):  # fail now, not after minutes of compiling
-            usage(f"--json {args.json_out}: {output_path_problem(args.json_out)}")
+        if problem := output_path_problem(args.json_out):  # fail now, not after minutes of compiling
+            usage(f"--json {args.json_out}: {problem}")
     if args.ops:
         from .checks import all_cases
 

@@ -67,19 +67,17 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``rms(out - ref) / rms(ref)`` in float64 (``inf`` on NaN in ``out`` or an all-zero ``ref`` with
-    ``out != ref``). The bare metric; :func:`compare` adds the NaN/Inf and ``err_atol`` rules."""
-    out64 = out.detach().to(torch.float64).cpu()
-    ref64 = ref.detach().to(torch.float64).cpu()
-    if out64.shape != ref64.shape:
-        raise ValueError(f"rel_rms: shapes differ: out {list(out64.shape)} vs ref {list(ref64.shape)}")
-    if torch.isnan(out64).any():
+    ``out != ref``). The bare metric; :func:`compare` adds the NaN/Inf and ``err_atol`` rules. Computed on
+    ``out``'s device in chunks (:func:`_diff_stats`), like :func:`compare`."""
+    if out.shape != ref.shape:
+        raise ValueError(f"rel_rms: shapes differ: out {list(out.shape)} vs ref {list(ref.shape)}")
+    o = out.detach().reshape(-1)
+    if torch.isnan(o).any():
         return math.inf
-    d = out64 - ref64
-    den = ref64.pow(2).mean().sqrt().item() if ref64.numel() else 0.0
-    num = d.pow(2).mean().sqrt().item() if d.numel() else 0.0
-    if den == 0.0:
-        return 0.0 if num == 0.0 else math.inf
-    return num / den
+    _, sum_d2, sum_r2 = _diff_stats(o, ref.detach().to(o.device).reshape(-1))
+    if sum_r2 == 0.0:
+        return 0.0 if sum_d2 == 0.0 else math.inf
+    return math.sqrt(sum_d2 / sum_r2)
 
 
 def compare(name: str, ref: torch.Tensor, out: torch.Tensor, threshold: float,

@@ -117,24 +117,14 @@ def num_sms(device: torch.device) -> int:
     return 4
 
 
-def _i64(x):
-    """``x`` as int64; works on tensors and on the interpreter's Python-int loop variables."""
-    return tl.cast(x, tl.int64)
+if HAS_TRITON:
 
+    @triton.jit
+    def i64(x):
+        """``x`` as int64; works on tensors and on the interpreter's Python-int loop variables."""
+        return tl.cast(x, tl.int64)
 
-def _sigmoid_f32(x):
-    """Sigmoid in fp32 with ``tl.exp`` (no libdevice, which the interpreter stubs out)."""
-    return 1.0 / (1.0 + tl.exp(-x))
-
-
-_JIT_HELPERS = {"i64": _i64, "sigmoid_f32": _sigmoid_f32}
-
-
-def __getattr__(name: str):
-    """The ``@triton.jit`` helpers (``i64``, ``sigmoid_f32``) are made on first use, i.e. when a kernel
-    module is imported: ``triton.jit`` fixes compiled vs interpreted mode when it runs, and this module
-    is imported with the package, before the CLI may switch ``TRITON_INTERPRET`` on for a CPU run."""
-    if HAS_TRITON and name in _JIT_HELPERS:
-        fn = globals()[name] = triton.jit(_JIT_HELPERS[name])
-        return fn
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    @triton.jit
+    def sigmoid_f32(x):
+        """Sigmoid in fp32 with ``tl.exp`` (no libdevice, which the interpreter stubs out)."""
+        return 1.0 / (1.0 + tl.exp(-x))

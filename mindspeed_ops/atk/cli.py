@@ -184,8 +184,8 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if unused:
             parser.error(f"--{mode.replace('_', '-')} does not use {', '.join(unused)}")
     for flag, path, is_dir in (("--out", args.out, True), ("--summary-md", args.summary_md, False)):
-        if path is not None and output_path_problem(path, is_dir):  # fail now, not after the run
-            parser.error(f"{flag} {path}: {output_path_problem(path, is_dir)}")
+        if path is not None and (problem := output_path_problem(path, is_dir)):  # fail now, not after the run
+            parser.error(f"{flag} {path}: {problem}")
     con = _console()
     try:
         if args.list:
@@ -207,9 +207,10 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.time_budget is not None and not args.time_budget >= 0:
             parser.error(f"--time-budget must be >= 0 seconds, got {args.time_budget:g}")
         for flag, value, ok in (("--warmup", args.warmup, args.warmup >= 0), ("--rep", args.rep, args.rep > 0),
-                                ("--copy-gib", args.copy_gib, args.copy_gib > 0)):
+                                ("--copy-gib", args.copy_gib, 0 < args.copy_gib < float("inf"))):
             if not ok:
-                parser.error(f"{flag} must be {'>= 0' if flag == '--warmup' else '> 0'}, got {value:g}")
+                parser.error(f"{flag} must be {'>= 0' if flag == '--warmup' else 'finite and > 0' if flag == '--copy-gib' else '> 0'}"
+                             f", got {value:g}")
         directions = tuple(d.strip() for d in args.direction.split(",") if d.strip())
         if any(d not in ("fwd", "fwd+bwd") for d in directions) or not directions:
             parser.error("--direction takes fwd, fwd+bwd or fwd,fwd+bwd")
@@ -246,10 +247,22 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not bad and not n_runs and not report["performance"] and not not_run:
         con.print("nothing to run: no case / shape point / dtype matches the selection (see --list)", markup=False)
         return 2
+    for suite in _empty_suites(report):  # one suite ran nothing while others did: say so, not silence
+        con.print(f"note: the {suite} suite ran nothing: no case / shape point / dtype of it matches the selection "
+                  f"(each case file lists its {suite} dtypes; see --list)", markup=False)
     con.print((f"{len(bad)} failure(s)" if bad else f"all {n_runs} checks passed"
                + (f", {len(report['performance'])} measured rows" if report["performance"] else ""))
               + (f"; {not_run} run(s) not done (time budget)" if not_run else ""), markup=False)
     return 1 if bad else 0
+
+
+def _empty_suites(report: dict) -> list[str]:
+    """Requested suites with no row (and nothing left undone by the time budget) in ``report``."""
+    rows = {"accuracy": report.get("accuracy"), "determinism": report.get("determinism"),
+            "performance": report.get("performance"), "memory": report.get("performance")}
+    if report.get("not_run"):
+        return []
+    return [s for s in report.get("meta", {}).get("suites", []) if s in rows and not rows[s]]
 
 
 def _print_summary(report: dict, con) -> None:

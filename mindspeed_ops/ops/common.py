@@ -88,6 +88,17 @@ def without_autocast(fn: Callable) -> Callable:
     return wrapper
 
 
+def contiguous_as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype`` with contiguous strides (no copy when it already is): what a backward op's fake
+    promises for a gradient, whatever the input's layout (a permuted ``[B, H, T, K]`` seen as ``[B, T, H, K]``)."""
+    return t.to(dtype, memory_format=torch.contiguous_format)
+
+
+def empty_contiguous_like(t: torch.Tensor) -> torch.Tensor:
+    """The fake-function side of :func:`contiguous_as`."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
 def rows_2d(x: torch.Tensor) -> torch.Tensor:
     """``x`` as ``[rows, D]`` with unit stride on the last dim; a view when possible (any row stride),
     a copy otherwise. Kernels take the row stride, so padded/sliced rows are not copied."""

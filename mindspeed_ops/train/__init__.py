@@ -58,11 +58,11 @@ def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.Argume
     g.add_argument("--warmup", type=int, help="warm-up steps")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", default="out/train_hybrid", metavar="DIR",
-                   help="checkpoint, loss.png and metrics.json go here (default: %(default)s)")
+                   help="checkpoint, loss.png and metrics.json go here (default: %(default)s; \"\": write none of them)")
     g.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt when it exists")
     g.add_argument("--ckpt-every", type=int, default=100, dest="ckpt_every", metavar="N",
                    help="also checkpoint every N steps (0: only at the end)")
-    g.add_argument("--log-every", type=int, dest="log_every", metavar="N", help="print a loss line every N steps")
+    g.add_argument("--log-every", type=int, dest="log_every", metavar="N", help="print a loss line every N steps (0: none)")
     g.add_argument("--eval-batches", type=int, dest="eval_batches", metavar="N",
                    help="validation batches at the end (0: none)")
     g.add_argument("--data-mb", type=float, default=8.0, dest="data_mb",

@@ -105,8 +105,8 @@ def validate(cfg: HybridConfig, s: RunSettings, data_mb: Optional[float] = None)
 
         for path, is_dir in ((s.out, True), (s.out / CHECKPOINT, False), (s.out / "metrics.json", False),
                              (s.out / "loss.png", False)):
-            if output_path_problem(str(path), is_dir):
-                raise ValueError(f"--out: {path} {output_path_problem(str(path), is_dir)}")
+            if problem := output_path_problem(str(path), is_dir):
+                raise ValueError(f"--out: {path} {problem}")
     if cfg.sinkhorn_iters < 1:
         raise ValueError(f"--sinkhorn-iters must be >= 1, got {cfg.sinkhorn_iters}")
     for name in ("d_model", "lin_heads", "lin_v_heads", "lin_head_dim", "attn_heads", "attn_head_dim",

@@ -83,6 +83,16 @@ def row_factor_args(r: Optional[torch.Tensor], dummy: torch.Tensor) -> tuple:
     return (r, *r.stride())
 
 
+def row_factor_pair_args(op: str, rq: Optional[torch.Tensor], rk: Optional[torch.Tensor],
+                         dummy: torch.Tensor) -> tuple:
+    """``(rq pointer, rk pointer, s_b, s_t, s_h)`` of the q and k l2norm rstd (both or neither, one layout:
+    the kernels index both with one set of strides), as :func:`row_factor_args`."""
+    if (rq is None) != (rk is None) or (rq is not None and rq.stride() != rk.stride()):
+        raise ValueError(f"{op}: rq and rk must both be given, with one layout")
+    rq_ptr, *strides = row_factor_args(rq, dummy)
+    return (rq_ptr, row_factor_args(rk, dummy)[0], *strides)
+
+
 def zero_tail_rows(cu_host: Optional[list], *grads: torch.Tensor) -> None:
     """Gradients of the tail tokens (at or after ``cu_seqlens[-1]``) set to 0 in place: the l2norm backward
     runs over every row, and whatever q/k hold there (NaN included, SPEC 0.3) must not leak into them."""

@@ -10,7 +10,7 @@ from ... import triton_utils as tu
 from ...validation import check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str
 from ..common import unit_last_stride
 from . import reference_fwd as _ref
-from .common import chunk_table, prune_v_tiles, row_factor_args, use_triton
+from .common import chunk_table, prune_v_tiles, row_factor_pair_args, use_triton
 from .fwd_h import kernel_view
 
 OP = "chunk_fwd_o"
@@ -120,10 +120,7 @@ def forward(q, k, v, h, g, scale, cu_host, cu_seqlens, chunk_size, chunk_indices
         BK = max(16, min(64, tu.next_power_of_2(K)))
         dummy = qq
         grid = lambda meta: (NT * B * HV * tu.cdiv(V, meta["BV"]),)  # noqa: E731
-        rq_ptr, *sr = row_factor_args(rq, dummy)
-        rk_ptr = row_factor_args(rk, dummy)[0]
-        if rq is not None and (rk is None or rk.stride() != rq.stride()):
-            raise ValueError("chunk_fwd_o: rq and rk must both be given, with one layout")
+        rq_ptr, rk_ptr, *sr = row_factor_pair_args(OP, rq, rk, dummy)
         _kernel()[grid](
             qq, kk, vv, hh, dummy if gg is None else gg, o, dummy if cu is None else cu,
             dummy if idx is None else idx, rq_ptr, rk_ptr, T, B, HV, HV // H, K, V,

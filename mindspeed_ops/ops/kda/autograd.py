@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ... import backends
-from ..common import call_op, eager_autograd, reference_vjp
+from ..common import call_op, contiguous_as, eager_autograd, empty_contiguous_like, reference_vjp
 from ..gdn import reference as _gdn_ref
 from ..gdn.reference import _l2norm, chunk_local_cumsum_ref, solve_tril_ref
 from ..gdn.reference_wy import chunk_scaled_dot_kkt_fwd_ref
@@ -107,22 +107,17 @@ def chunk_kda_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Ten
     impl = backends.implementation(OP, q.device)
     dq, dk, dv, dg, dbeta, dh0 = impl.backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale,
                                                use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size)
-    # contiguous, like the fake: torch.empty_like there kept a permuted input's strides (a [B, H, T, K]
-    # tensor seen as [B, T, H, K]) while the kernels return contiguous gradients -> compile failed
-    cont = torch.contiguous_format
-    return (dq.to(q.dtype, memory_format=cont), dk.to(k.dtype, memory_format=cont),
-            dv.to(v.dtype, memory_format=cont), dg.to(g.dtype, memory_format=cont),
-            dbeta.to(beta.dtype, memory_format=cont),
-            _empty(q) if dh0 is None else dh0.to(initial_state.dtype, memory_format=cont))
+    # contiguous like the fake whatever the inputs' layout (see contiguous_as)
+    return (contiguous_as(dq, q.dtype), contiguous_as(dk, k.dtype), contiguous_as(dv, v.dtype),
+            contiguous_as(dg, g.dtype), contiguous_as(dbeta, beta.dtype),
+            _empty(q) if dh0 is None else contiguous_as(dh0, initial_state.dtype))
 
 
 @chunk_kda_bwd_op.register_fake
 def _(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size,
       cu_seqlens_cpu=None):
     _check_cu_cpu(OP, cu_seqlens, cu_seqlens_cpu)
-
-    def like(t):
-        return torch.empty_like(t, memory_format=torch.contiguous_format)
+    like = empty_contiguous_like
     return (like(q), like(k), like(v), like(g), like(beta),
             q.new_empty(0) if initial_state is None else like(initial_state))
 

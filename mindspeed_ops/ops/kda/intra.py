@@ -15,7 +15,7 @@ from ..common import unit_last_stride
 from ..gdn.kkt import forward as _kkt_forward
 from ..gdn.solve_tril import forward as _solve_forward
 from ..gdn.wy_fast import forward as _wy_forward
-from ..gdn.common import chunk_table, row_factor_args, use_triton
+from ..gdn.common import chunk_table, row_factor_pair_args, use_triton
 from . import args as _args
 from . import reference as _ref
 
@@ -52,12 +52,10 @@ def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float
     if NT and B and HV and (store_a or K):
         dummy = kk
         z3 = (0, 0, 0)
-        if (rq is None) != (rk is None) or (rq is not None and rq.stride() != rk.stride()):
-            raise ValueError("chunk_kda_fwd_intra: rq and rk must both be given, with one layout")
-        rq_ptr, *sr = row_factor_args(rq, dummy)
+        rq_ptr, rk_ptr, *sr = row_factor_pair_args("chunk_kda_fwd_intra", rq, rk, dummy)
         kda_aqk_fwd_kernel[(NT * B * HV,)](
             qq, kk, gg, dummy if A is None else A, dummy if qg is None else qg, dummy if kg is None else kg,
-            dummy if cu is None else cu, dummy if idx is None else idx, rq_ptr, row_factor_args(rk, dummy)[0],
+            dummy if cu is None else cu, dummy if idx is None else idx, rq_ptr, rk_ptr,
             T, B * HV, HV, HV // H, float(scale),
             *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *(A.stride()[:3] if A is not None else z3),
             *(qg.stride()[:3] if qg is not None else z3), *(kg.stride()[:3] if kg is not None else z3), *sr,

@@ -27,6 +27,7 @@ import torch
 
 from ... import triton_utils as tu
 from ...validation import FLOAT_DTYPES, check_same_device, check_tensor, reject_float64, shape_str
+from ..common import autocast_off
 from . import cross_entropy as ce
 from . import reference as _ref
 
@@ -272,7 +273,7 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bi
     # the gradients are computed for the *sum* of the row losses (row scale w_i); backward applies
     # g/Σw (mean) or g (sum): no tiny 1/Σw factor is folded into the fp16/bf16 dlogits
     scale = torch.ones(1, dtype=torch.float32, device=dev) if any(need) else None
-    with _ref.autocast_off(dev.type):
+    with autocast_off(dev.type):
         dh, dw, db = _sweep(hidden, weight, labels, bias, loss_weight, ignore_index, label_smoothing,
                             lse_square_scale, softcap, chunk_size, compute_dtype, accum_dtype, *need,
                             loss_rows=loss_rows, lse=lse, scale=scale)
@@ -296,7 +297,7 @@ def backward(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, lab
     g = grad.reshape(-1)
     if g.numel() != N:
         g = g.expand(N)
-    with _ref.autocast_off(hidden.device.type):
+    with autocast_off(hidden.device.type):
         dh, dw, db = _sweep(hidden, weight, labels, bias, loss_weight, ignore_index, label_smoothing,
                             lse_square_scale, softcap, chunk_size, compute_dtype, accum_dtype, need_dhidden,
                             need_dweight, need_dbias and bias is not None, lse=lse.reshape(-1), grad=g)

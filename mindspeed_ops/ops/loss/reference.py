@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ..common import autocast_off, has_autocast  # noqa: F401 - autocast_off: used by chunk_loss
+from ..common import autocast_off, has_autocast
 
 _NAN = float("nan")
 

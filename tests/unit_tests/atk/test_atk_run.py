@@ -93,7 +93,8 @@ def test_bad_case_file_exit_code(tmp_path, capsys):
     (["--direction", "bwd"], "--direction takes"),
     (["--rep", "0"], "--rep must be > 0"),
     (["--warmup", "-1"], "--warmup must be >= 0"),
-    (["--copy-gib", "0"], "--copy-gib must be > 0"),
+    (["--copy-gib", "0"], "--copy-gib must be finite and > 0"),
+    (["--copy-gib", "inf"], "--copy-gib must be finite and > 0"),
 ])
 def test_bad_arguments(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
@@ -309,3 +310,13 @@ def test_summary_gpu_time_columns():
     assert s["best_graph_impl"] == "fla" and abs(s["graph_ratio"] - 1.589 / 0.464) < 1e-12
     assert abs(s["frac_ceiling_graph"] - 0.34 * 0.931 / 0.464) < 1e-12
     assert "| 0.4640 | fla (1.5890) | 3.42 | 68.2 |" in summary_markdown(rep)
+
+
+def test_a_suite_that_runs_nothing_is_named(tmp_path, capsys):
+    """--dtypes fp32 with the (bf16-only) performance suite: the accuracy checks run and the performance suite
+    is reported as having run nothing (it used to vanish without a word)."""
+    code, out = _atk("--ops", "rms_norm", "--suite", "accuracy,performance", "--dtypes", "fp32", "--cases",
+                     "odd D", "--out", str(tmp_path / "r"), capsys=capsys)
+    assert code == 0, out
+    assert "note: the performance suite ran nothing" in out
+    assert "note: the accuracy suite" not in out

@@ -57,6 +57,7 @@ def test_empty_ops_is_a_usage_error(command, capsys):
     (["--arch", ","], "--arch accepts"),
     (["--shapes", ","], "--shapes accepts small, real, got none"),  # compiled nothing and said "0/0 ok"
     (["--dtypes", ","], "--dtypes: none given"),
+    (["--real-input-budget", "-5"], "--real-input-budget must be >= 0"),
 ])
 def test_compile_check_bad_settings(argv, words, capsys):
     assert words in _usage_error(["compile-check", *argv], capsys)
