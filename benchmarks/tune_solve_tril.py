@@ -1,7 +1,8 @@
-"""solve_tril on the GPU at the GDN shape: median ms (do_bench) per ``num_warps``, checked against the
-float64 reference each time.
+"""solve_tril on the GPU at the GDN shape: median us (do_bench) per chunk size, diagonal-block variant
+(batched: all 16x16 diagonal blocks of a chunk inverted together; serial: one after the other) and
+``num_warps``, each checked against the float64 reference.
 
-    python3 benchmarks/tune_solve_tril.py [--T 8192] [--HV 32] [--BT 64]
+    python3 benchmarks/tune_solve_tril.py [--T 8192] [--HV 32] [--BT 16 32 64]
 
 A = the strictly-lower ``beta · k kᵀ`` of unit-norm keys (as chunk_scaled_dot_kkt makes it), fp32; output bf16.
 """
@@ -28,25 +29,31 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=8192)
     ap.add_argument("--HV", type=int, default=32)
     ap.add_argument("--K", type=int, default=128)
-    ap.add_argument("--BT", type=int, default=64)
+    ap.add_argument("--BT", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--device", default="cuda", help="cpu: a check of the script itself (TRITON_INTERPRET=1, "
                     "small --T), no timing")
     a = ap.parse_args()
     dev = a.device
     k = torch.nn.functional.normalize(torch.randn(1, a.T, a.HV, a.K, device=dev), dim=-1).to(torch.bfloat16)
     beta = torch.rand(1, a.T, a.HV, device=dev).to(torch.bfloat16)
-    A = kkt.chunk_scaled_dot_kkt_fwd(k, beta=beta, chunk_size=a.BT)
-    ref = solve_tril_ref(A.double())
-    print(f"A {tuple(A.shape)} {A.dtype}; default num_warps {st.NUM_WARPS[a.BT]}")
-    default = dict(st.NUM_WARPS)
-    for nw in (1, 2, 4, 8):
-        st.NUM_WARPS[a.BT] = nw
-        fn = lambda: st.forward(A, None, None, torch.bfloat16)  # noqa: E731
-        err = rel_rms(fn(), ref)
-        ms = do_bench(fn, warmup=25, rep=200, return_mode="median") if dev == "cuda" else float("nan")
-        print(f"num_warps={nw}: {ms * 1e3:8.1f} us  rel_rms vs fp64 {err:.2e}", flush=True)
-    st.NUM_WARPS.update(default)
-
+    default = dict(st.NUM_WARPS), st.BATCHED_DIAG
+    try:
+        for BT in a.BT:
+            A = kkt.chunk_scaled_dot_kkt_fwd(k, beta=beta, chunk_size=BT)
+            ref = solve_tril_ref(A.double())
+            print(f"BT={BT}: A {tuple(A.shape)} {A.dtype}; default num_warps {default[0][BT]}, "
+                  f"batched {default[1]}", flush=True)
+            for batched in (True, False):
+                for nw in (1, 2, 4, 8):
+                    st.NUM_WARPS[BT], st.BATCHED_DIAG = nw, batched
+                    fn = lambda: st.forward(A, None, None, torch.bfloat16)  # noqa: E731
+                    err = rel_rms(fn(), ref)
+                    ms = do_bench(fn, warmup=25, rep=200, return_mode="median") if dev == "cuda" else float("nan")
+                    print(f"  BT={BT} batched={batched!s:5} num_warps={nw}: {ms * 1e3:8.1f} us  "
+                          f"rel_rms vs fp64 {err:.2e}", flush=True)
+    finally:
+        st.NUM_WARPS.update(default[0])
+        st.BATCHED_DIAG = default[1]
 
 if __name__ == "__main__":
     main()

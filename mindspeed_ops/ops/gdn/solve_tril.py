@@ -11,8 +11,10 @@ from . import reference as _ref
 from .common import chunk_table, use_triton
 
 OP = "solve_tril"
-#: warps per chunk program by chunk size (module-level so benchmarks/tune_solve_tril.py can sweep it)
-NUM_WARPS = {16: 4, 32: 4, 64: 8}
+#: warps per chunk program by chunk size, and whether the diagonal blocks are inverted together
+#: (module-level so benchmarks/tune_solve_tril.py can sweep them on the GPU)
+NUM_WARPS = {16: 4, 32: 4, 64: 4}
+BATCHED_DIAG = True
 
 
 def check_args(A: torch.Tensor, cu_seqlens: Optional[torch.Tensor],
@@ -80,5 +82,6 @@ def forward(A: torch.Tensor, cu_host: Optional[list], cu_seqlens: Optional[torch
         grid = (NT * B * HV,)
         solve_tril_kernel[grid](
             x, out, cu if cu is not None else x, idx if idx is not None else x, T, B * HV, HV,
-            *x.stride(), *out.stride(), BT=BT, IS_VARLEN=idx is not None, num_warps=NUM_WARPS[BT])
+            *x.stride(), *out.stride(), BT=BT, IS_VARLEN=idx is not None, BATCHED=BATCHED_DIAG,
+            num_warps=NUM_WARPS[BT])
     return tu.finish(out, out_dtype)
