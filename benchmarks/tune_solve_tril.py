@@ -1,6 +1,5 @@
-"""solve_tril on the GPU at the GDN shape: median us (do_bench) per chunk size, diagonal-block variant
-(batched: all 16x16 diagonal blocks of a chunk inverted together; serial: one after the other) and
-``num_warps``, each checked against the float64 reference.
+"""solve_tril on the GPU at the GDN shape: median us (do_bench) per chunk size and ``num_warps``, each
+checked against the float64 reference.
 
     python3 benchmarks/tune_solve_tril.py [--T 8192] [--HV 32] [--BT 16 32 64]
 
@@ -36,24 +35,20 @@ def main() -> None:
     dev = a.device
     k = torch.nn.functional.normalize(torch.randn(1, a.T, a.HV, a.K, device=dev), dim=-1).to(torch.bfloat16)
     beta = torch.rand(1, a.T, a.HV, device=dev).to(torch.bfloat16)
-    default = dict(st.NUM_WARPS), st.BATCHED_DIAG
+    default = dict(st.NUM_WARPS)
     try:
         for BT in a.BT:
             A = kkt.chunk_scaled_dot_kkt_fwd(k, beta=beta, chunk_size=BT)
             ref = solve_tril_ref(A.double())
-            print(f"BT={BT}: A {tuple(A.shape)} {A.dtype}; default num_warps {default[0][BT]}, "
-                  f"batched {default[1]}", flush=True)
-            for batched in (True, False):
-                for nw in (1, 2, 4, 8):
-                    st.NUM_WARPS[BT], st.BATCHED_DIAG = nw, batched
-                    fn = lambda: st.forward(A, None, None, torch.bfloat16)  # noqa: E731
-                    err = rel_rms(fn(), ref)
-                    ms = do_bench(fn, warmup=25, rep=200, return_mode="median") if dev == "cuda" else float("nan")
-                    print(f"  BT={BT} batched={batched!s:5} num_warps={nw}: {ms * 1e3:8.1f} us  "
-                          f"rel_rms vs fp64 {err:.2e}", flush=True)
+            print(f"BT={BT}: A {tuple(A.shape)} {A.dtype}; default num_warps {default[BT]}", flush=True)
+            for nw in (1, 2, 4, 8):
+                st.NUM_WARPS[BT] = nw
+                fn = lambda: st.forward(A, None, None, torch.bfloat16)  # noqa: E731
+                err = rel_rms(fn(), ref)
+                ms = do_bench(fn, warmup=25, rep=200, return_mode="median") if dev == "cuda" else float("nan")
+                print(f"  BT={BT} num_warps={nw}: {ms * 1e3:8.1f} us  rel_rms vs fp64 {err:.2e}", flush=True)
     finally:
-        st.NUM_WARPS.update(default[0])
-        st.BATCHED_DIAG = default[1]
+        st.NUM_WARPS.update(default)
 
 if __name__ == "__main__":
     main()

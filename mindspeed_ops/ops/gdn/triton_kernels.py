@@ -97,8 +97,9 @@ def _inv_diag16_all(a_base, start, eos, NB: tl.constexpr, s_at, s_ac):
     """``[NB, 16, 16]``: ``(I + A_dd)^{-1}`` of the chunk's ``NB`` diagonal 16x16 blocks, by forward
     substitution in fp32 (elementwise IEEE arithmetic): ``X_i = e_i − Σ_{j<i} A_ij X_j``. All blocks
     advance together, so the dependent chain is 15 steps, not 15·NB, and each block's strictly-lower
-    part is loaded once: one global row load per step made this kernel latency-bound (40% of GDN's
-    forward on the H200, benchmarks/profile_op.py)."""
+    part is loaded once. H200, [1, 8192, 32, 64], one warp (benchmarks/tune_solve_tril.py): 87 us; one
+    global row load per step and block took 320 us (40% of GDN's forward), blocks one after the other
+    in registers 130 us."""
     b = tl.arange(0, NB)[:, None, None]
     r = tl.arange(0, 16)[None, :, None]
     c = tl.arange(0, 16)[None, None, :]
@@ -111,22 +112,6 @@ def _inv_diag16_all(a_base, start, eos, NB: tl.constexpr, s_at, s_ac):
         a = tl.sum(tl.where(r == i, A, 0.0), 1)  # [NB, 16]: row i of every block (zero from column i on)
         new = (e == i).to(tl.float32) - tl.sum(a[:, :, None] * X, 1)
         X = tl.where(r == i, new[:, None, :], X)
-    return X
-
-
-@triton.jit
-def _inv_diag16(a_base, start, eos, d, s_at, s_ac):
-    """``(I + A_dd)^{-1}`` of diagonal block ``d`` alone (the serial variant of ``_inv_diag16_all``,
-    kept while the GPU sweep of benchmarks/tune_solve_tril.py decides between them)."""
-    o = tl.arange(0, 16)
-    rows = start + d * 16 + o
-    A = tl.load(a_base + rows[:, None] * s_at + (d * 16 + o)[None, :] * s_ac,
-                mask=(rows < eos)[:, None] & (o[None, :] < o[:, None]), other=0.0).to(tl.float32)
-    X = (o[:, None] == o[None, :]).to(tl.float32)
-    for i in range(1, 16):
-        a = tl.sum(tl.where(o[:, None] == i, A, 0.0), 0)  # row i of A (zero from column i on)
-        new = (o == i).to(tl.float32) - tl.sum(a[:, None] * X, 0)
-        X = tl.where(o[:, None] == i, new[None, :], X)
     return X
 
 
@@ -154,7 +139,7 @@ def _mm(a, b):
 @triton.jit
 def solve_tril_kernel(a_ptr, o_ptr, cu_ptr, idx_ptr, T, BHV, HV,
                       s_ab, s_at, s_ah, s_ac, s_ob, s_ot, s_oh, s_oc,
-                      BT: tl.constexpr, IS_VARLEN: tl.constexpr, BATCHED: tl.constexpr = True):
+                      BT: tl.constexpr, IS_VARLEN: tl.constexpr):
     """``(I + A_c)^{-1}`` of one chunk and value head: 16x16 diagonal blocks by forward substitution,
     merged by block forward substitution ``X_ij = −X_ii Σ_{j≤m<i} A_im X_mj`` with IEEE fp32 dots.
     Writes every row of the chunk inside the sequence (all BT columns: zeros above the diagonal)."""
@@ -167,18 +152,12 @@ def solve_tril_kernel(a_ptr, o_ptr, cu_ptr, idx_ptr, T, BHV, HV,
     a_base = a_ptr + i_b * s_ab + i_h * s_ah
     o_base = o_ptr + i_b * s_ob + i_h * s_oh
     zero = tl.zeros([16, 16], dtype=tl.float32)
-    if BATCHED:
-        Xd = _inv_diag16_all(a_base, start, eos, BT // 16, s_at, s_ac)
-        X11 = _pick16(Xd, 0, BT // 16)
-    else:
-        X11 = _inv_diag16(a_base, start, eos, 0, s_at, s_ac)
+    Xd = _inv_diag16_all(a_base, start, eos, BT // 16, s_at, s_ac)
+    X11 = _pick16(Xd, 0, BT // 16)
     if BT == 16:
         _store_block16(o_base, start, eos, 0, 0, X11, s_ot, s_oc)
     elif BT == 32:
-        if BATCHED:
-            X22 = _pick16(Xd, 1, BT // 16)
-        else:
-            X22 = _inv_diag16(a_base, start, eos, 1, s_at, s_ac)
+        X22 = _pick16(Xd, 1, BT // 16)
         A21 = _load_block16(a_base, start, eos, 1, 0, s_at, s_ac)
         X21 = -_mm(X22, _mm(A21, X11))
         _store_block16(o_base, start, eos, 0, 0, X11, s_ot, s_oc)
@@ -186,14 +165,9 @@ def solve_tril_kernel(a_ptr, o_ptr, cu_ptr, idx_ptr, T, BHV, HV,
         _store_block16(o_base, start, eos, 1, 0, X21, s_ot, s_oc)
         _store_block16(o_base, start, eos, 1, 1, X22, s_ot, s_oc)
     else:
-        if BATCHED:
-            X22 = _pick16(Xd, 1, BT // 16)
-            X33 = _pick16(Xd, 2, BT // 16)
-            X44 = _pick16(Xd, 3, BT // 16)
-        else:
-            X22 = _inv_diag16(a_base, start, eos, 1, s_at, s_ac)
-            X33 = _inv_diag16(a_base, start, eos, 2, s_at, s_ac)
-            X44 = _inv_diag16(a_base, start, eos, 3, s_at, s_ac)
+        X22 = _pick16(Xd, 1, BT // 16)
+        X33 = _pick16(Xd, 2, BT // 16)
+        X44 = _pick16(Xd, 3, BT // 16)
         A21 = _load_block16(a_base, start, eos, 1, 0, s_at, s_ac)
         A31 = _load_block16(a_base, start, eos, 2, 0, s_at, s_ac)
         A32 = _load_block16(a_base, start, eos, 2, 1, s_at, s_ac)
