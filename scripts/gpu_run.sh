@@ -6,13 +6,16 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} MINDSPEED_OPS_FAILLOG=${MINDSPEED_OPS_FAILLOG:-$OUT/failures.txt} \
   MINDSPEED_OPS_MEMLOG=${MINDSPEED_OPS_MEMLOG:-$OUT/peak_memory.txt} MINDSPEED_OPS_DURLOG=${MINDSPEED_OPS_DURLOG:-$OUT/durations.txt}
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [[ -n ${SITE_READY:-} ]]; then
+  :  # scripts/gpu_lanes.sh installed the wheels and bundles once for all its lanes
+elif ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD || exit 1
 else
   export PYTHONPATH=$PWD
 fi
 # site bundles (scripts/make_tilelang_bundle.sh, make_transformers_bundle.sh); BUNDLES="" skips their unpacking
+[[ -n ${SITE_READY:-} ]] && BUNDLES=""
 for b in ${BUNDLES-.whl/*.tar.xz}; do
   [[ -e $b ]] || continue
   mkdir -p /tmp/site && tar -C /tmp/site -xJf "$b" && export PYTHONPATH=/tmp/site:$PWD || exit 1
@@ -23,13 +26,17 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 rc=0
 if [[ $what == tests || $what == all ]]; then
   # -v into the log: PASSED/FAILED lines arrive as tests finish, so a run cut short still names its failures
-  # [large] cases (> 2^31 elements) and [bigmem] ones (tens of GB each) run two at a time after the rest, which runs 8-wide
+  # [large] cases (> 2^31 elements) and [bigmem] ones (tens of GB each) run two at a time after the rest, which runs 8-wide;
+  # [exclusive] ones alone at the end
   python3 -m pytest -v -p no:cacheprovider -n 8 --timeout 300 -rfE -m "not large and not bigmem" --junitxml="$OUT/junit.xml" \
     "${@:-tests}" > "$OUT/pytest.log" 2>&1
   rc=$(( rc | $? ))
-  python3 -m pytest -v -p no:cacheprovider -n 2 --timeout 300 -rfE -m "large or bigmem" --junitxml="$OUT/junit_large.xml" \
-    "${@:-tests}" >> "$OUT/pytest.log" 2>&1
+  python3 -m pytest -v -p no:cacheprovider -n 2 --timeout 300 -rfE -m "(large or bigmem) and not exclusive" \
+    --junitxml="$OUT/junit_large.xml" "${@:-tests}" >> "$OUT/pytest.log" 2>&1
   r=$?; (( r == 5 )) || rc=$(( rc | r ))  # 5: no [large]/[bigmem] case among the selected tests
+  # [exclusive] cases need most of the GPU's memory: one at a time, nothing beside them
+  python3 -m pytest -v -p no:cacheprovider -n 0 --timeout 400 -rfE -m exclusive "${@:-tests}" >> "$OUT/pytest.log" 2>&1
+  r=$?; (( r == 5 )) || rc=$(( rc | r ))
   grep -E "^(FAILED|ERROR)|(FAILED|ERROR) tests/" "$OUT/pytest.log" | sort -u | head -60
   grep -E "^=+ .*(passed|failed|error)" "$OUT/pytest.log"
 fi

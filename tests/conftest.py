@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (gpu/large marker)")
     for item in items:
-        if "gpu" in item.keywords or "large" in item.keywords or "bigmem" in item.keywords:
+        if any(m in item.keywords for m in ("gpu", "large", "bigmem", "exclusive")):
             item.add_marker(skip)
 
 

@@ -194,6 +194,9 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             return _validate(args, con)
         if args.from_json:
             return _from_json(args, con)
+        # many real-size cases in one process fragment the caching allocator (on the H200, 85 GB reserved
+        # but unallocated made chunk_loss's fp64 oracle run out of memory); set before CUDA initializes
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         from .runner import Options, failures, run
 
         baselines = _split([args.baselines]) if args.baselines else None

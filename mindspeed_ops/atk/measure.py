@@ -128,7 +128,21 @@ def graph_ms(fn: Callable[[], Any], device: str, rep: int = 100, no_grad: bool =
         with torch.no_grad() if no_grad else contextlib.nullcontext():
             return float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
     except Exception:  # noqa: BLE001 - some baselines cannot be captured (host syncs)
+        _reset_cuda_rng()
         return None
+
+
+def _reset_cuda_rng() -> None:
+    """A capture that failed midway leaves the CUDA generators marked as capturing, and every later random
+    draw on the device raises "Offset increment outside graph capture" (seen on the H200: the next case's
+    inputs could not be built). A cloned state carries seed and offset but not that mark."""
+    import torch
+
+    for gen in torch.cuda.default_generators:
+        try:
+            gen.graphsafe_set_state(gen.clone_state())
+        except Exception:  # noqa: BLE001 - older torch without graph-safe states: nothing to reset
+            pass
 
 
 def sync(device: str) -> None:

@@ -65,12 +65,18 @@ def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, us
     h, v_new, _ = fwd_h.forward(kn, w, u, G, None, initial_state, False, BT, True, cu_host)
     dv_local = bwd_dv.forward(qn, kn, do, G, scale, cu_host, cu, BT, idx)
     dh, dh0, dv2 = bwd_dhu.forward(qn, kn, w, do, dv_local, G, None, initial_state, dht, scale, BT, cu_host)
+    del dv_local, u  # the recomputed intermediates go as soon as their last stage has run (peak memory)
     dq, dk, dw, dG = bwd_dqkwg.forward(qn, kn, v_new, do, h, dh, G, dv2, w, scale, cu_host, cu, BT, idx)
+    del h, dh, v_new, w
     dk2, dv, dbeta, dG2 = wy_fast.backward(kn, v, G, beta, Ainv, dw, dv2, cu_host, cu, idx)
-    dk = dk + dk2
+    del dw, dv2
+    dk += dk2
+    del dk2
     dg = None
     if G is not None:
-        dg = cumsum.forward(dG + dG2, BT, True, None, cu_host, cu, torch.float32, idx)
+        dG += dG2
+        del dG2
+        dg = cumsum.forward(dG, BT, True, None, cu_host, cu, torch.float32, idx)
     if use_qk_l2norm_in_kernel:
         dq = _l2norm(q).backward(qn, q_rstd, dq, L2_EPS, True, torch.float32)
         dk = _l2norm(k).backward(kn, k_rstd, dk, L2_EPS, True, torch.float32)

@@ -11,6 +11,10 @@ from . import reference as _ref
 from .common import chunk_table, use_triton
 
 OP = "solve_tril"
+#: warps per chunk program by chunk size (module-level so benchmarks/tune_solve_tril.py can sweep it).
+#: One warp is fastest at every chunk size on the H200 (2-7x faster than 4 or 8: the substitution's
+#: reductions stay inside the warp), although it spills a little at BT = 64.
+NUM_WARPS = {16: 1, 32: 1, 64: 1}
 
 
 def check_args(A: torch.Tensor, cu_seqlens: Optional[torch.Tensor],
@@ -78,5 +82,5 @@ def forward(A: torch.Tensor, cu_host: Optional[list], cu_seqlens: Optional[torch
         grid = (NT * B * HV,)
         solve_tril_kernel[grid](
             x, out, cu if cu is not None else x, idx if idx is not None else x, T, B * HV, HV,
-            *x.stride(), *out.stride(), BT=BT, IS_VARLEN=idx is not None, num_warps=4 if BT < 64 else 8)
+            *x.stride(), *out.stride(), BT=BT, IS_VARLEN=idx is not None, num_warps=NUM_WARPS[BT])
     return tu.finish(out, out_dtype)

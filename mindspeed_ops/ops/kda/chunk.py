@@ -71,10 +71,14 @@ def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, u
     h, v_new, _ = _fwd_h_forward(kn, w, u, None, G, initial_state, False, BT, True, cu_host)
     dAq, dv_local = _bwd.dav_forward(v_new, do, Aqk, scale, cu_host, cu, idx)
     dh, dh0, dv2 = _dhu_forward(qn, kn, w, do, dv_local, None, G, initial_state, dht, scale, BT, cu_host)
+    del dv_local, w, u  # the recomputed intermediates go as soon as their last stage has run (peak memory)
     dq, dk, dv, db, dG, dAm = _bwd.wy_dqkg_forward(qn, kn, v, v_new, G, beta, Akk, h, do, dh, dv2, scale, cu_host,
                                                    cu, idx, fold_heads=False)
+    del h, dh, dv2, v_new
     _bwd.intra_bwd_forward(qn, kn, G, beta, dAq, dAm, dq, dk, dG, db, cu_host, cu, idx)
+    del dAq, dAm
     dg = _cumsum_forward(dG, BT, True, None, cu_host, cu, torch.float32, idx)
+    del dG
     dq, dk = _bwd._fold(dq, H), _bwd._fold(dk, H)
     if use_qk_l2norm_in_kernel:
         l2 = backends.implementation("l2norm", q.device)

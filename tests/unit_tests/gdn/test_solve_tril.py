@@ -69,6 +69,21 @@ def test_matches_reference(B, T, HV, BT, dtype, poisoned):
         _check(_rand_A(B, T, HV, BT, dtype, seed=2))
 
 
+@pytest.mark.parametrize("num_warps", [1, 2, 4, 8])
+def test_launch_variants(num_warps, monkeypatch, poisoned):
+    """Every warp count that benchmarks/tune_solve_tril.py may choose is exact (a varlen tail and every
+    chunk size), not only the default."""
+    import importlib
+
+    st = importlib.import_module("mindspeed_ops.ops.gdn.solve_tril")
+    monkeypatch.setattr(st, "NUM_WARPS", {16: num_warps, 32: num_warps, 64: num_warps})
+    for BT in (16, 32, 64):
+        _check(_kkt_A(1, 150, 1, 2, BT, torch.float32, seed=BT))
+        cu = [0, 7, 90, 140]
+        _check(_kkt_A(1, 145, 1, 1, BT, torch.float32, cu=torch.tensor(cu), seed=BT + 1),
+               torch.tensor(cu, dtype=torch.int32, device=DEVICE))
+
+
 @pytest.mark.parametrize("HV,BT,cu", [(4, 16, [0, 15]), (1, 64, [0, 15, 100, 300]),
                                       (1, 16, SEG13[:8]), (2, 32, [0, 0, 40, 40, 97])])
 def test_varlen(HV, BT, cu, poisoned):
