@@ -414,9 +414,12 @@ def _cce(ctx: Context) -> Impl:
     f = _mod("cut_cross_entropy").linear_cross_entropy
     if "loss_weight" in ctx.inputs or ctx.kw("lse_square_scale", 0.0) or ctx.kw("label_smoothing", 0.0):
         raise Skip("cut-cross-entropy: no per-token weights, z-loss or label smoothing")
+    if ctx.inputs.get("bias") is not None:
+        raise Skip("cut-cross-entropy 25.1: no bias argument")
+    # its signature has no bias at all (passing bias=None is a TypeError: seen on the H200)
     return Impl("cce", "peer",
                 lambda hidden, weight, labels, bias=None, ignore_index=-100, reduction="mean", softcap=None, **_:
-                f(hidden, weight, labels, bias=bias, ignore_index=ignore_index, softcap=softcap, reduction=reduction),
+                f(hidden, weight, labels, ignore_index=ignore_index, softcap=softcap, reduction=reduction),
                 note="cut_cross_entropy.linear_cross_entropy", library="cut-cross-entropy")
 
 

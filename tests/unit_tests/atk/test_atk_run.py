@@ -320,3 +320,31 @@ def test_a_suite_that_runs_nothing_is_named(tmp_path, capsys):
     assert code == 0, out
     assert "note: the performance suite ran nothing" in out
     assert "note: the accuracy suite" not in out
+
+
+def test_cce_adapter_matches_its_signature(monkeypatch):
+    """cut-cross-entropy 25.1's ``linear_cross_entropy`` has no ``bias``: the adapter must not pass one
+    (on the H200 every cce row failed with a TypeError) and must skip cases that have a bias."""
+    import types
+
+    import torch
+
+    from mindspeed_ops.atk import baselines as bl
+
+    calls = []
+
+    def linear_cross_entropy(e, c, targets, ignore_index=-100, softcap=None, reduction="mean", shift=False):
+        calls.append((e.shape, c.shape, ignore_index, softcap, reduction))
+        return e.sum() * 0
+
+    monkeypatch.setattr(bl, "_mod", lambda name: types.SimpleNamespace(linear_cross_entropy=linear_cross_entropy))
+    h, w, y = torch.randn(4, 8), torch.randn(16, 8), torch.randint(0, 16, (4,))
+
+    def ctx(**inputs):
+        return bl.Context(None, {}, {}, torch.float32, "cpu", None, None, dict(hidden=h, weight=w, labels=y, **inputs))
+
+    impl = bl._cce(ctx())
+    impl.fn(hidden=h, weight=w, labels=y, bias=None, ignore_index=-1, reduction="sum")
+    assert calls == [((4, 8), (16, 8), -1, None, "sum")]
+    with pytest.raises(bl.Skip, match="bias"):
+        bl._cce(ctx(bias=torch.zeros(16)))
