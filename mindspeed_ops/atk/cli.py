@@ -25,6 +25,9 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      "tests/atk_tests/<op>.yaml. On CPU: accuracy (+ determinism) at the cpu-marked shapes, Triton "
                      "under the interpreter and the reference backend.")
     p.add_argument("--ops", nargs="+", metavar="OP", help="only these ops (space or comma separated; default: all files)")
+    p.add_argument("--families", nargs="+", metavar="FAMILY",
+                   help="only the ops of these families (the case files' `family`: norm, gdn, kda, loss, ...; "
+                        "space or comma separated; added to --ops)")
     p.add_argument("--suite", nargs="+", default=["all"], metavar="SUITE",
                    help=f"{'|'.join(SUITES)}|all (several allowed; default all: on CPU accuracy+determinism)")
     p.add_argument("--out", metavar="DIR", help="write report.md, report.json and plots/ here")
@@ -68,8 +71,8 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 #: the flags read by each mode that runs nothing; any other flag given with it is a usage error (it used to be
 #: silently ignored, e.g. --dtypes fp8 with --from-json)
-_MODE_FLAGS = {"list": {"ops", "atk_dir"}, "validate": {"ops", "atk_dir", "device"},
-               "from_json": {"ops", "suite", "out", "summary_md", "no_plots"}}
+_MODE_FLAGS = {"list": {"ops", "families", "atk_dir"}, "validate": {"ops", "families", "atk_dir", "device"},
+               "from_json": {"ops", "families", "atk_dir", "suite", "out", "summary_md", "no_plots"}}
 
 
 def _unused_flags(args, parser: argparse.ArgumentParser, mode: str) -> list:
@@ -80,6 +83,25 @@ def _unused_flags(args, parser: argparse.ArgumentParser, mode: str) -> list:
         if a.option_strings and a.dest not in _MODE_FLAGS[mode] | {mode, "help"}:
             flags.setdefault(a.dest, []).append(a.option_strings[0])
     return ["/".join(f) for dest, f in flags.items() if getattr(args, dest) != defaults[dest]]
+
+
+def _family_ops(args, parser: argparse.ArgumentParser) -> list:
+    """``--ops`` plus the ops whose case file names one of ``--families``."""
+    from .schema import load_specs
+
+    wanted = _split(args.families)
+    if not wanted:
+        parser.error("--families: no family names given")
+    try:
+        specs = load_specs(args.atk_dir)
+    except Exception as e:  # noqa: BLE001 - an unreadable case directory is a usage error here
+        parser.error(f"--families: cannot read the case files: {e}")
+    known = sorted({s.family for s in specs})
+    unknown = [f for f in wanted if f not in known]
+    if unknown:
+        parser.error(f"--families: unknown {', '.join(unknown)}; families: {', '.join(known)}")
+    ops = _split(args.ops) if args.ops else []
+    return ops + [s.op for s in specs if s.family in wanted and s.op not in ops]
 
 
 def _console():
@@ -176,6 +198,8 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if args.ops is not None and not _split(args.ops):
         parser.error("--ops: no op names given")
+    if args.families is not None:
+        args.ops = _family_ops(args, parser)
     for flag, value in (("--dtypes", args.dtypes), ("--backends", args.backends), ("--baselines", args.baselines)):
         if value is not None and not _split([value]):  # e.g. --dtypes ",": not the default selection
             parser.error(f"{flag}: no names given")

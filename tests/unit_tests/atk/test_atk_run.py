@@ -348,3 +348,19 @@ def test_cce_adapter_matches_its_signature(monkeypatch):
     assert calls == [((4, 8), (16, 8), -1, None, "sum")]
     with pytest.raises(bl.Skip, match="bias"):
         bl._cce(ctx(bias=torch.zeros(16)))
+
+
+def test_families_select_ops(capsys):
+    """``--families`` picks the ops whose case file names that family, added to ``--ops``; an unknown or
+    empty family is a usage error that lists the known ones."""
+    code, out = _atk("--list", "--families", "kda", "--ops", "rms_norm", capsys=capsys)
+    import re
+
+    heads = re.findall(r"^(\w+) \(\w+, SPEC", out, re.M)
+    assert code == 0 and heads == ["rms_norm", "chunk_kda", "chunk_kda_bwd_wy_dqkg_fused", "chunk_kda_fwd_intra"]
+    code, out = _atk("--list", "--families", "loss,moe", capsys=capsys)
+    assert code == 0 and "chunk_loss (loss" in out and "sort_chunks_by_idx (moe" in out and "rms_norm" not in out
+    err = _atk_usage_error(capsys, "--list", "--families", "nope")
+    assert "--families: unknown nope" in err and "gdn" in err
+    err = _atk_usage_error(capsys, "--list", "--families", ",")
+    assert "no family names" in err
