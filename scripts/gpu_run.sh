@@ -3,6 +3,11 @@
 #   bash scripts/gpu_run.sh [tests|check|bench|all] [extra pytest args]
 # Peer libraries travel as wheels in .whl/ (carry it); the image has torch, triton, pytest, rich.
 set -uo pipefail
+what=${1:-all}; shift || true
+case $what in  # a typo (or a test path in place of the mode) used to run nothing and exit 0
+  tests|check|bench|all) ;;
+  *) echo "gpu_run.sh: unknown mode '$what' (tests, check, bench or all; extra pytest args after it)" >&2; exit 2 ;;
+esac
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} MINDSPEED_OPS_FAILLOG=${MINDSPEED_OPS_FAILLOG:-$OUT/failures.txt} \
   MINDSPEED_OPS_MEMLOG=${MINDSPEED_OPS_MEMLOG:-$OUT/peak_memory.txt} MINDSPEED_OPS_DURLOG=${MINDSPEED_OPS_DURLOG:-$OUT/durations.txt}
@@ -20,7 +25,6 @@ for b in ${BUNDLES-.whl/*.tar.xz}; do
   [[ -e $b ]] || continue
   mkdir -p /tmp/site && tar -C /tmp/site -xJf "$b" && export PYTHONPATH=/tmp/site:$PWD || exit 1
 done
-what=${1:-all}; shift || true
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
 rc=0

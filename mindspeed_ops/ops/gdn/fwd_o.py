@@ -38,7 +38,7 @@ def check_args(q, k, v, h, g, scale, chunk_size, cu_seqlens) -> tuple[Optional[l
     if g is not None:
         check_tensor(OP, "g", g, shape=(B, T, HV), shape_desc="[B, T, HV]")
     check_same_device(OP, q=q, k=k, v=v, h=h, g=g)
-    if cu_seqlens is not None and cu_seqlens.device != q.device and cu_seqlens.device.type != "cpu":
+    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != q.device and cu_seqlens.device.type != "cpu":
         raise ValueError(f"{OP}: cu_seqlens is on {cu_seqlens.device} but q is on {q.device}")
     cu_host = check_cu_seqlens(OP, cu_seqlens, batch=B, total=T)
     NT = tu.cdiv(T, chunk_size) if cu_host is None else \

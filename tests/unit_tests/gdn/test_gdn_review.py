@@ -130,3 +130,32 @@ def test_stage_functions_follow_a_global_reference_request(monkeypatch):
     assert not common.use_triton(g.device)
     monkeypatch.delenv(backends.ENV_BACKEND)
     assert common.use_triton(g.device) == backends.backend_status("triton", g.device)[0]
+
+
+def test_cu_seqlens_list_is_a_type_error_naming_it():
+    """Offsets given as a Python list: every stage function raised AttributeError ('list' object has no
+    attribute 'device') from its device check instead of SPEC 0.7's TypeError naming the argument."""
+    from mindspeed_ops.api import chunk_kda_fwd_intra
+
+    T, K, V, HV = 40, 16, 16, 2
+    k, q, w = (torch.randn(1, T, 1, K, device=DEVICE) for _ in range(3))
+    u, do = torch.randn(1, T, HV, V, device=DEVICE), torch.randn(1, T, HV, V, device=DEVICE)
+    g, beta = torch.randn(1, T, HV, device=DEVICE), torch.rand(1, T, HV, device=DEVICE)
+    A = torch.zeros(1, T, HV, BT, device=DEVICE)
+    h = torch.zeros(2, HV, K, V, device=DEVICE)
+    gk = torch.randn(1, T, HV, K, device=DEVICE)
+    cu = [0, T]
+    calls = {
+        "chunk_local_cumsum": lambda: chunk_local_cumsum(g, BT, cu_seqlens=cu),
+        "chunk_scaled_dot_kkt_fwd": lambda: chunk_scaled_dot_kkt_fwd(k, g=g, beta=beta, cu_seqlens=cu, chunk_size=BT),
+        "solve_tril": lambda: solve_tril(A, cu_seqlens=cu),
+        "recompute_w_u_fwd": lambda: recompute_w_u_fwd(k, u, beta, A, g=g, cu_seqlens=cu),
+        "chunk_gated_delta_rule_fwd_h": lambda: chunk_gated_delta_rule_fwd_h(k, w.expand(1, T, HV, K), u, g=g,
+                                                                             chunk_size=BT, cu_seqlens=cu),
+        "chunk_fwd_o": lambda: chunk_fwd_o(q, k, u, h, g=g, cu_seqlens=cu, chunk_size=BT),
+        "chunk_bwd_dv_local": lambda: chunk_bwd_dv_local(q, k, do, g=g, cu_seqlens=cu, chunk_size=BT),
+        "chunk_kda_fwd_intra": lambda: chunk_kda_fwd_intra(q, k, u, gk, beta, cu_seqlens=cu, chunk_size=BT),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=f"{name}: cu_seqlens must be a torch.Tensor, got list"):
+            call()

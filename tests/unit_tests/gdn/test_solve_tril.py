@@ -158,6 +158,9 @@ def test_bad_input():
         solve_tril(A.expand(2, -1, -1, -1), cu_seqlens=torch.tensor([0, 32], device=DEVICE))
     with pytest.raises(ValueError, match="cu_seqlens\\[0\\] must be 0"):
         solve_tril(A, cu_seqlens=torch.tensor([1, 32], device=DEVICE))
+    # a list of offsets: a TypeError naming cu_seqlens (was AttributeError: 'list' object has no attribute 'device')
+    with pytest.raises(TypeError, match="solve_tril: cu_seqlens must be a torch.Tensor, got list"):
+        solve_tril(A, cu_seqlens=[0, 32])
 
 
 @pytest.mark.gpu
