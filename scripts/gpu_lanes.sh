@@ -14,6 +14,10 @@ fi
 OUT=${OUT:-out}; mkdir -p "$OUT"
 root=${LANE_ROOT:-/tmp}
 limit=$1; shift
+if command -v nvidia-smi >/dev/null 2>&1 && (( $# > $(nvidia-smi -L | wc -l) )); then
+  echo "gpu_lanes.sh: $# lanes but $(nvidia-smi -L | wc -l) GPU(s): a lane without a GPU would run on the CPU" >&2
+  exit 2
+fi
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} PYTHONPATH=$PWD
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
