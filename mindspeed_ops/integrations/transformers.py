@@ -332,6 +332,16 @@ def _causal_lm_forward(self, *args, **kwargs):
     return result if want_dict else result.to_tuple()
 
 
+def _with_signature_of(cls_forward: Callable, fn: Callable) -> Callable:
+    """``fn`` with ``cls_forward``'s name, docstring and signature. ``generate`` reads
+    ``inspect.signature(model.forward)``: without ``position_ids`` it passes none (left-padded rows got
+    positions counted from the padding), without ``logits_to_keep`` the prefill builds [B, T, vocab] logits."""
+    @functools.wraps(cls_forward)
+    def forward(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+    return forward
+
+
 # ---------------------------------------------------------------------------------------------
 # apply / revert
 
@@ -402,7 +412,7 @@ def _patch_module(m: nn.Module, fam: str, opts: set, report: ApplyReport) -> Non
             _activate(m, frozenset({"rope"}))
             report.add(key("inplace_rope"))
     elif name.endswith("ForCausalLM") and "loss" in opts:
-        _set(m, "forward", types.MethodType(_causal_lm_forward, m))
+        _set(m, "forward", types.MethodType(_with_signature_of(type(m).forward, _causal_lm_forward), m))
         report.add(key("chunk_loss"))
 
 
