@@ -129,7 +129,11 @@ def _hf_chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initia
 
 def _hf_chunk_kda(query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
                   use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
-    """HF Kimi-Linear call of chunked KDA (SPEC 2.2) -> ``api.chunk_kda`` (fp32 initial state)."""
+    """HF Kimi-Linear call of chunked KDA (SPEC 2.2) -> ``api.chunk_kda`` (fp32 initial state). HF's layer
+    passes a packed batch's offsets as ``cu_seq_lens_q`` (not ``cu_seqlens``): they keep the sequences
+    apart here as they do in the conv adapter (``B == 1``)."""
+    if cu_seqlens is None and kwargs.get("cu_seq_lens_q") is not None and query.shape[0] == 1:
+        cu_seqlens = kwargs["cu_seq_lens_q"].to(query.device)
     if initial_state is not None and initial_state.dtype != torch.float32:
         initial_state = initial_state.float()
     return api.chunk_kda(query, key, value, g=g, beta=beta, initial_state=initial_state,
