@@ -53,7 +53,7 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--baselines", help="comma-separated baseline names to run (default: every one a case lists; "
                                        "'none': ours only)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines (slow to compile)")
-    p.add_argument("--direction", default="fwd,fwd+bwd", help="fwd, fwd+bwd or both (default)")
+    p.add_argument("--direction", default="fwd,fwd+bwd", help="fwd, fwd+bwd, or fwd,fwd+bwd for both (default)")
     p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     p.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
     p.add_argument("--copy-gib", type=float, default=2.0, help="buffer size of the copy-bandwidth ceiling")

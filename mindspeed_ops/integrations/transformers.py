@@ -129,7 +129,11 @@ def _hf_chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initia
 
 def _hf_chunk_kda(query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
                   use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
-    """HF Kimi-Linear call of chunked KDA (SPEC 2.2) -> ``api.chunk_kda`` (fp32 initial state)."""
+    """HF Kimi-Linear call of chunked KDA (SPEC 2.2) -> ``api.chunk_kda`` (fp32 initial state). HF's layer
+    passes a packed batch's offsets as ``cu_seq_lens_q`` (not ``cu_seqlens``): they keep the sequences
+    apart here as they do in the conv adapter (``B == 1``)."""
+    if cu_seqlens is None and kwargs.get("cu_seq_lens_q") is not None and query.shape[0] == 1:
+        cu_seqlens = kwargs["cu_seq_lens_q"].to(query.device)
     if initial_state is not None and initial_state.dtype != torch.float32:
         initial_state = initial_state.float()
     return api.chunk_kda(query, key, value, g=g, beta=beta, initial_state=initial_state,
@@ -332,6 +336,16 @@ def _causal_lm_forward(self, *args, **kwargs):
     return result if want_dict else result.to_tuple()
 
 
+def _with_signature_of(cls_forward: Callable, fn: Callable) -> Callable:
+    """``fn`` with ``cls_forward``'s name, docstring and signature. ``generate`` reads
+    ``inspect.signature(model.forward)``: without ``position_ids`` it passes none (left-padded rows got
+    positions counted from the padding), without ``logits_to_keep`` the prefill builds [B, T, vocab] logits."""
+    @functools.wraps(cls_forward)
+    def forward(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+    return forward
+
+
 # ---------------------------------------------------------------------------------------------
 # apply / revert
 
@@ -402,7 +416,7 @@ def _patch_module(m: nn.Module, fam: str, opts: set, report: ApplyReport) -> Non
             _activate(m, frozenset({"rope"}))
             report.add(key("inplace_rope"))
     elif name.endswith("ForCausalLM") and "loss" in opts:
-        _set(m, "forward", types.MethodType(_causal_lm_forward, m))
+        _set(m, "forward", types.MethodType(_with_signature_of(type(m).forward, _causal_lm_forward), m))
         report.add(key("chunk_loss"))
 
 
