@@ -18,7 +18,8 @@ from typing import Optional
 import torch
 
 from ... import backends
-from ...validation import check_choice, check_same_device, check_tensor, reject_float64, shape_str
+from ...validation import (check_choice, check_cu_seqlens, check_same_device, check_tensor, reject_float64,
+                           shape_str)
 from ..common import call_op, eager_autograd, reference_vjp, run_op
 from . import causal_conv1d as _launch
 from . import reference as _ref
@@ -50,6 +51,8 @@ def causal_conv1d_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
                      output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor]:
     _launch.check_args(x, weight, bias, residual, initial_state, activation, cu_seqlens, output_final_state)
     impl = backends.implementation(OP, x.device)
+    if impl.backend == "reference":  # the Triton launcher reads and checks the values itself (one host read)
+        check_cu_seqlens(OP, cu_seqlens, batch=x.shape[0], total=x.shape[1])
     y, fs = impl.forward(x, weight, bias, residual, initial_state, activation, cu_seqlens, output_final_state)
     if fs is None:
         fs = _empty(x, x.dtype if initial_state is None else initial_state.dtype)

@@ -7,6 +7,7 @@ gradient itself (none at all with ``inplace_backward``).
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional
 
 import torch
@@ -27,12 +28,13 @@ def check_options(op: str, ignore_index, reduction: str, label_smoothing: float,
     check_choice(op, "reduction", reduction, REDUCTIONS)
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"{op}: ignore_index must be an int, got {type(ignore_index).__name__}")
-    if not (isinstance(label_smoothing, (int, float)) and 0.0 <= label_smoothing <= 1.0):
+    # numbers.Real: numpy scalars too (np.float32(0.1) was refused as "must be in [0, 1], got 0.1")
+    if not (isinstance(label_smoothing, numbers.Real) and 0.0 <= label_smoothing <= 1.0):
         raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing!r}")
     # comparisons, not math.isfinite: under torch.compile(dynamic=True) the floats may be symbolic
-    if not (isinstance(lse_square_scale, (int, float)) and 0.0 <= lse_square_scale < math.inf):
+    if not (isinstance(lse_square_scale, numbers.Real) and 0.0 <= lse_square_scale < math.inf):
         raise ValueError(f"{op}: lse_square_scale must be a finite number >= 0, got {lse_square_scale!r}")
-    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
+    if softcap is not None and not (isinstance(softcap, numbers.Real) and softcap > 0):
         raise ValueError(f"{op}: softcap must be None or a number > 0, got {softcap!r}")
 
 

@@ -178,3 +178,16 @@ def test_final_state_only_backward(tiny_tiles):
     expect = torch.zeros_like(x)
     expect[:, -4:] = 1
     assert torch.equal(xl.grad, expect) and torch.equal(sl.grad, torch.zeros_like(s))
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize("cu,match", [([0, 5, 3], "non-decreasing"), ([0, 9], r"cu_seqlens\[-1\] must be <= T"),
+                                      ([1, 8], r"cu_seqlens\[0\] must be 0")])
+def test_bad_cu_seqlens_values_every_backend(backend, cu, match):
+    """SPEC 0.3: bad cu_seqlens values raise ValueError on every backend (bug: only the Triton launcher read
+    and checked them; the reference backend, the default CPU path, returned a silently wrong y)."""
+    import mindspeed_ops
+
+    x, w = randn((1, 8, 16), seed=1), randn((4, 16), seed=2)
+    with mindspeed_ops.use_backend(backend), pytest.raises(ValueError, match=match):
+        causal_conv1d(x, w, cu_seqlens=torch.tensor(cu, device=DEVICE))

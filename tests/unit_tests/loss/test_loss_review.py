@@ -238,3 +238,20 @@ def test_chunk_strided_hidden_transposed_weight(reduction, need):
             assert_close(name, r.grad, t.grad, "E-bwd")
         else:
             assert t.grad is None
+
+
+def test_numpy_scalar_options():
+    """Options given as numpy scalars (read from a config through numpy) are numbers like any float (bug:
+    ``label_smoothing=np.float32(0.1)`` raised "label_smoothing must be in [0, 1], got np.float32(0.1)")."""
+    np = pytest.importorskip("numpy")
+    x = randn((6, 11), torch.float32, DEVICE, seed=1)
+    y = _labels(6, 11, seed=2)
+    opts = dict(label_smoothing=0.1, lse_square_scale=1e-3, softcap=5.0)
+    want = ref.fused_cross_entropy_loss(x.double(), y, **opts)
+    assert_close("loss", want, fused_cross_entropy_loss(x, y, **{k: np.float32(v) for k, v in opts.items()}), "STAT")
+    w = randn((7, 11), torch.float32, DEVICE, seed=3)
+    want = ref.chunk_loss(x.double(), w.double(), y, **opts)
+    assert_close("chunk loss", want, chunk_loss(x, w, y, **{k: np.float64(v) if k == "softcap" else np.float32(v)
+                                                             for k, v in opts.items()}), "STAT")
+    with pytest.raises(ValueError, match="label_smoothing must be in"):
+        fused_cross_entropy_loss(x, y, label_smoothing=np.float32(1.5))
