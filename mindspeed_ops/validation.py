@@ -90,13 +90,22 @@ def check_choice(op: str, name: str, value, choices: Iterable) -> None:
         raise ValueError(f"{op}: {name} must be one of {choices}, got {value!r}")
 
 
+def check_cu_seqlens_device(op: str, cu_seqlens: torch.Tensor, like_name: str, like: torch.Tensor) -> None:
+    """Offsets live on ``like``'s device or on the host (a host copy is read as it is)."""
+    if cu_seqlens.device != like.device and cu_seqlens.device.type != "cpu":
+        raise ValueError(f"{op}: cu_seqlens is on {cu_seqlens.device} but {like_name} is on {like.device}")
+
+
 def check_cu_seqlens(op: str, cu_seqlens: Optional[torch.Tensor], *, batch: int, total: int,
-                     name: str = "cu_seqlens") -> Optional[list[int]]:
+                     name: str = "cu_seqlens", like: Optional[tuple[str, torch.Tensor]] = None) -> Optional[list[int]]:
     """Validate packed-sequence offsets (SPEC 0.3) and return them as a host list (one sync, allowed).
-    ``name``: the argument named in errors (``cu_seqlens_cpu`` when the host copy is checked)."""
+    ``name``: the argument named in errors (``cu_seqlens_cpu`` when the host copy is checked); ``like``:
+    ``(name, tensor)`` whose device the offsets must share unless they are on the host."""
     if cu_seqlens is None:
         return None
     check_tensor(op, name, cu_seqlens, dtypes=INDEX_DTYPES, ndim=1)
+    if like is not None:
+        check_cu_seqlens_device(op, cu_seqlens, *like)
     if batch != 1:
         raise ValueError(f"{op}: with {name} the batch size must be 1 (pack the batch into one row), got {batch}")
     if cu_seqlens.numel() < 1:

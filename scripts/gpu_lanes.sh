@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Several independent job lists on a machine of several GPUs (device kind nvidia-h200-x2 or more), one per GPU:
 #   bash scripts/gpu_lanes.sh LIMIT_S "commands for GPU 0" "commands for GPU 1" ...
-# Installs the carried wheels and site bundles once (gpu_run.sh then skips its own install: SITE_READY),
+# Installs the carried wheels and site bundles once (scripts/site_env.sh; gpu_run.sh in a lane then skips it),
 # runs lane i with CUDA_VISIBLE_DEVICES=i and OUT=/tmp/lane<i> under `timeout LIMIT_S`, then packs every
 # lane's logs into $OUT/lanes.tar.gz (the device tool returns at most 8 files) and prints each lane's tail.
 # Exits non-zero when any lane did (a timeout is 124). LANE_ROOT (default /tmp) holds the lane folders.
@@ -18,16 +18,8 @@ if command -v nvidia-smi >/dev/null 2>&1 && (( $# > $(nvidia-smi -L | wc -l) ));
   echo "gpu_lanes.sh: $# lanes but $(nvidia-smi -L | wc -l) GPU(s): a lane without a GPU would run on the CPU" >&2
   exit 2
 fi
-export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} PYTHONPATH=$PWD
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-fi
-for b in ${BUNDLES-.whl/*.tar.xz}; do
-  [[ -e $b ]] || continue
-  mkdir -p /tmp/site && tar -C /tmp/site -xJf "$b" && export PYTHONPATH=/tmp/site:$PWD || exit 1
-done
-export SITE_READY=1
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+source "$(dirname "$0")/site_env.sh" && site_install || exit 1  # once for all lanes
 i=0; pids=(); lanes=()
 for cmds in "$@"; do
   d=$root/lane$i

@@ -11,20 +11,7 @@ esac
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} MINDSPEED_OPS_FAILLOG=${MINDSPEED_OPS_FAILLOG:-$OUT/failures.txt} \
   MINDSPEED_OPS_MEMLOG=${MINDSPEED_OPS_MEMLOG:-$OUT/peak_memory.txt} MINDSPEED_OPS_DURLOG=${MINDSPEED_OPS_DURLOG:-$OUT/durations.txt}
-if [[ -n ${SITE_READY:-} ]]; then
-  :  # scripts/gpu_lanes.sh installed the wheels and bundles once for all its lanes
-elif ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PWD || exit 1
-else
-  export PYTHONPATH=$PWD
-fi
-# site bundles (scripts/make_tilelang_bundle.sh, make_transformers_bundle.sh); BUNDLES="" skips their unpacking
-[[ -n ${SITE_READY:-} ]] && BUNDLES=""
-for b in ${BUNDLES-.whl/*.tar.xz}; do
-  [[ -e $b ]] || continue
-  mkdir -p /tmp/site && tar -C /tmp/site -xJf "$b" && export PYTHONPATH=/tmp/site:$PWD || exit 1
-done
+source "$(dirname "$0")/site_env.sh" && site_install || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
 rc=0

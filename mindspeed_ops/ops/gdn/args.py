@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from ...validation import (FLOAT_DTYPES, check_cu_seqlens, check_same_device, check_same_dtype, check_tensor,
+from ...validation import (FLOAT_DTYPES, check_cu_seqlens, check_cu_seqlens_device, check_same_device, check_same_dtype, check_tensor,
                            reject_float64, shape_str)
 
 MAX_K = 256
@@ -87,8 +87,7 @@ def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chun
         if cu_seqlens.shape[0] < 2:  # N + 1 offsets of N >= 1 sequences
             raise ValueError(f"{op}: cu_seqlens must have at least 2 entries (N + 1 offsets, N >= 1), got shape "
                              f"{shape_str(cu_seqlens.shape)}")
-        if cu_seqlens.device != q.device and cu_seqlens.device.type != "cpu":
-            raise ValueError(f"{op}: cu_seqlens is on {cu_seqlens.device} but q is on {q.device}")
+        check_cu_seqlens_device(op, cu_seqlens, "q", q)
     check_cu_seqlens_cpu(op, cu_seqlens, cu_seqlens_cpu)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if initial_state is not None:

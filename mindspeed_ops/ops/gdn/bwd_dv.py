@@ -36,9 +36,7 @@ def check_qk_do(op: str, q, k, do, g, scale, chunk_size, cu_seqlens) -> Optional
         raise ValueError(f"{op}: scale must be a finite number or None, got {scale!r}")
     if g is not None:
         check_tensor(op, "g", g, shape=(B, T, HV), shape_desc="[B, T, HV]")
-    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != q.device and cu_seqlens.device.type != "cpu":
-        raise ValueError(f"{op}: cu_seqlens is on {cu_seqlens.device} but q is on {q.device}")
-    return check_cu_seqlens(op, cu_seqlens, batch=B, total=T)
+    return check_cu_seqlens(op, cu_seqlens, batch=B, total=T, like=("q", q))
 
 
 def check_args(q, k, do, g, scale, chunk_size, cu_seqlens) -> Optional[list]:

@@ -29,9 +29,7 @@ def check_args(g: torch.Tensor, chunk_size: int, scale: Optional[float], cu_seql
         raise ValueError(f"{OP}: scale must be a finite number or None, got {scale!r}")
     if output_dtype is not None and output_dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"{OP}: output_dtype must be float32/float16/bfloat16 or None, got {output_dtype}")
-    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != g.device and cu_seqlens.device.type != "cpu":
-        raise ValueError(f"{OP}: cu_seqlens is on {cu_seqlens.device} but g is on {g.device}")
-    return check_cu_seqlens(OP, cu_seqlens, batch=g.shape[0], total=g.shape[1])
+    return check_cu_seqlens(OP, cu_seqlens, batch=g.shape[0], total=g.shape[1], like=("g", g))
 
 
 def _tiles(BT: int, C: int) -> int:

@@ -39,9 +39,7 @@ def check_args(k, w, u, g, gk, initial_state, chunk_size, cu_seqlens) -> Optiona
     if chunk_size not in (16, 32, 64):
         raise ValueError(f"{OP}: chunk_size must be 16, 32 or 64, got {chunk_size!r}")
     check_same_device(OP, k=k, w=w, u=u, g=g, gk=gk, initial_state=initial_state)
-    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != k.device and cu_seqlens.device.type != "cpu":
-        raise ValueError(f"{OP}: cu_seqlens is on {cu_seqlens.device} but k is on {k.device}")
-    cu_host = check_cu_seqlens(OP, cu_seqlens, batch=B, total=T)
+    cu_host = check_cu_seqlens(OP, cu_seqlens, batch=B, total=T, like=("k", k))
     N = B if cu_host is None else len(cu_host) - 1
     if initial_state is not None:
         check_tensor(OP, "initial_state", initial_state, shape=(N, HV, K, u.shape[-1]), shape_desc="[N, HV, K, V]")

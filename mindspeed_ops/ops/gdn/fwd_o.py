@@ -38,9 +38,7 @@ def check_args(q, k, v, h, g, scale, chunk_size, cu_seqlens) -> tuple[Optional[l
     if g is not None:
         check_tensor(OP, "g", g, shape=(B, T, HV), shape_desc="[B, T, HV]")
     check_same_device(OP, q=q, k=k, v=v, h=h, g=g)
-    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != q.device and cu_seqlens.device.type != "cpu":
-        raise ValueError(f"{OP}: cu_seqlens is on {cu_seqlens.device} but q is on {q.device}")
-    cu_host = check_cu_seqlens(OP, cu_seqlens, batch=B, total=T)
+    cu_host = check_cu_seqlens(OP, cu_seqlens, batch=B, total=T, like=("q", q))
     NT = tu.cdiv(T, chunk_size) if cu_host is None else \
         sum(tu.cdiv(b - a, chunk_size) for a, b in zip(cu_host, cu_host[1:]))
     check_tensor(OP, "h", h, shape=(B, NT, HV, K, V), shape_desc="[B, NT, HV, K, V]")

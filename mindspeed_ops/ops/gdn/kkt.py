@@ -56,9 +56,7 @@ def check_args(k: torch.Tensor, g: Optional[torch.Tensor], gk: Optional[torch.Te
     if gk is not None:
         check_tensor(OP, "gk", gk, shape=(B, T, HV, K), shape_desc="[B, T, HV, K]")
     check_same_device(OP, k=k, g=g, gk=gk, beta=beta)
-    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != k.device and cu_seqlens.device.type != "cpu":
-        raise ValueError(f"{OP}: cu_seqlens is on {cu_seqlens.device} but k is on {k.device}")
-    return HV, check_cu_seqlens(OP, cu_seqlens, batch=B, total=T)
+    return HV, check_cu_seqlens(OP, cu_seqlens, batch=B, total=T, like=("k", k))
 
 
 def chunk_scaled_dot_kkt_fwd(k: torch.Tensor, g: Optional[torch.Tensor] = None, gk: Optional[torch.Tensor] = None,

@@ -27,9 +27,7 @@ def check_args(A: torch.Tensor, cu_seqlens: Optional[torch.Tensor],
                          f"{shape_str(A.shape)}")
     if output_dtype is not None and output_dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"{OP}: output_dtype must be float32/float16/bfloat16 or None, got {output_dtype}")
-    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != A.device and cu_seqlens.device.type != "cpu":
-        raise ValueError(f"{OP}: cu_seqlens is on {cu_seqlens.device} but A is on {A.device}")
-    return check_cu_seqlens(OP, cu_seqlens, batch=A.shape[0], total=A.shape[1])
+    return check_cu_seqlens(OP, cu_seqlens, batch=A.shape[0], total=A.shape[1], like=("A", A))
 
 
 def solve_tril(A: torch.Tensor, cu_seqlens: Optional[torch.Tensor] = None,

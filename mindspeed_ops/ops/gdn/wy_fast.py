@@ -71,9 +71,7 @@ def _check_common(op: str, k, v, beta, A, g, gk=None, **extra) -> tuple[int, int
 
 
 def _check_cu(op, cu_seqlens, k):
-    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != k.device and cu_seqlens.device.type != "cpu":
-        raise ValueError(f"{op}: cu_seqlens is on {cu_seqlens.device} but k is on {k.device}")
-    return check_cu_seqlens(op, cu_seqlens, batch=k.shape[0], total=k.shape[1])
+    return check_cu_seqlens(op, cu_seqlens, batch=k.shape[0], total=k.shape[1], like=("k", k))
 
 
 def check_fwd_args(k, v, beta, A, g, gk, cu_seqlens) -> Optional[list]:

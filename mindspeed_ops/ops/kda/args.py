@@ -83,9 +83,7 @@ def check_qkv_gk(op: str, q, k, v, gk, beta, scale, chunk_size, cu_seqlens, **ot
     check_chunk_size(op, chunk_size)
     check_scale(op, scale)
     check_same_device(op, q=q, k=k, v=v, gk=gk, beta=beta, **others)
-    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != k.device and cu_seqlens.device.type != "cpu":
-        raise ValueError(f"{op}: cu_seqlens is on {cu_seqlens.device} but k is on {k.device}")
-    return check_cu_seqlens(op, cu_seqlens, batch=B, total=T)
+    return check_cu_seqlens(op, cu_seqlens, batch=B, total=T, like=("k", k))
 
 
 def num_chunks(T: int, BT: int, cu_host: Optional[list]) -> int:

@@ -40,11 +40,12 @@ def test_stage_kernels_compile_for_gpu():
     assert not bad, "\n".join(bad)
     for r in results:
         assert r.shared is not None and r.shared <= cc.SHARED_LIMIT[r.arch]
-        allowed = SOLVE_TRIL_SPILL_BYTES[r.arch] if r.launch.qualname == "solve_tril_kernel" else 0
+        bt64 = r.launch.qualname == "solve_tril_kernel" and "BT=64" in r.launch.label()
+        allowed = SOLVE_TRIL_SPILL_BYTES[r.arch] if bt64 else 0
         assert r.spill_stores <= allowed, f"{r.launch.label()} sm_{r.arch} spills {r.spill_stores} bytes"
 
 
-#: solve_tril runs with one warp although at BT = 64 it then spills: on the H200 that was the fastest setting
+#: solve_tril runs with one warp although at BT = 64 it then spills (BT = 16 and 32 must not): on the H200 that was the fastest setting
 #: at every chunk size (fp32 A -> bf16, as GDN calls it: 87 us at [1, 8192, 32, 64] vs 112 us with 2 warps and
 #: 247 us with 4, which do not spill; benchmarks/tune_solve_tril.py, docs/benchmarks/gdn.md). ptxas gives
 #: some BT = 64 variants 255 registers and ~0.9 KB of spills, others (half-precision A on sm_90, all on sm_80)
