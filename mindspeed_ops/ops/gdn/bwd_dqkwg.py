@@ -2,6 +2,7 @@
 gated delta rule."""
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -100,16 +101,19 @@ _prune = prune_v_tiles
 
 
 _KERNEL = None
+#: one program does both phases (one pass over V) instead of one program per phase
+FUSED = os.environ.get("MINDSPEED_OPS_GDN_DQKWG_FUSED") == "1"  # TEMPORARY: A/B on the H200
 
 
 def _kernel():
     """The dqkwg kernel under a small autotuner over the V tile (32/64) and warps/stages."""
     global _KERNEL
     if _KERNEL is None:
-        from .triton_bwd import chunk_bwd_dqkwg_kernel
+        from .triton_bwd import chunk_bwd_dqkwg_fused_kernel, chunk_bwd_dqkwg_kernel
 
         _KERNEL = tu.autotune(_configs(), key=["H", "GQ", "K", "V", "BT", "USE_G", "HAS_DW", "IS_VARLEN"],
-                              prune_configs_by={"early_config_prune": _prune})(chunk_bwd_dqkwg_kernel)
+                              prune_configs_by={"early_config_prune": _prune})(
+            chunk_bwd_dqkwg_fused_kernel if FUSED else chunk_bwd_dqkwg_kernel)
     return _KERNEL
 
 
@@ -119,8 +123,11 @@ def block_k(K: int) -> int:
     return max(16, min(64, tu.next_power_of_2(K)))
 
 
-def forward(q, k, v, do, h, dh, g, dv, w, scale, cu_host, cu_seqlens, chunk_size, chunk_indices=None):
-    """Triton launch (arguments already validated)."""
+def forward(q, k, v, do, h, dh, g, dv, w, scale, cu_host, cu_seqlens, chunk_size, chunk_indices=None,
+            dw_dtype=torch.float32):
+    """Triton launch (arguments already validated). ``dw_dtype``: the GDN pipeline asks for k's dtype, the
+    operand dtype its only consumer (wy's backward) rounds dw to before every product anyway: half the
+    bytes written and read, the same result."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
@@ -133,10 +140,11 @@ def forward(q, k, v, do, h, dh, g, dv, w, scale, cu_host, cu_seqlens, chunk_size
     NKB = tu.cdiv(K, BK)
     dq = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
     dk = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
-    dw = torch.empty(B, T, HV, K, dtype=torch.float32, device=dev) if has_dw else None
+    dw = torch.empty(B, T, HV, K, dtype=dw_dtype, device=dev) if has_dw else None
     dg = torch.empty(B, T, HV, dtype=torch.float32, device=dev) if g is not None else None
     # dg parts (two phases x K-blocks), summed with torch (deterministic)
-    dg_part = None if dg is None else torch.empty(2 * NKB, B, T, HV, dtype=torch.float32, device=dev)
+    phases = 1 if FUSED else 2
+    dg_part = None if dg is None else torch.empty(phases * NKB, B, T, HV, dtype=torch.float32, device=dev)
     if cu_host is not None and cu_host[-1] < T:  # tail tokens: never written by the kernel
         end = cu_host[-1]
         for t in (dq, dk, dw, dg):
@@ -147,7 +155,7 @@ def forward(q, k, v, do, h, dh, g, dv, w, scale, cu_host, cu_seqlens, chunk_size
     if NT and B and H and K:
         dummy = qq
         z3 = (0, 0, 0)
-        grid = (NT * B * H * NKB * 2,)
+        grid = (NT * B * H * NKB * phases,)
         _kernel()[grid](
             qq, kk, vv, oo, hh, dhh, dummy if gg is None else gg, dummy if (uu is None or not has_dw) else uu,
             dq, dk, dummy if dw is None else dw, dummy if dg_part is None else dg_part,

@@ -379,3 +379,103 @@ def chunk_bwd_dqkwg_kernel(q_ptr, k_ptr, v_ptr, do_ptr, h_ptr, dh_ptr, g_ptr, dv
                          b_dg.to(dg_ptr.dtype.element_ty), mask=rmask)
             b_sum += b_dk
         tl.store(dk_ptr + out_off, b_sum.to(dk_ptr.dtype.element_ty), mask=km)
+
+
+@triton.jit
+def chunk_bwd_dqkwg_fused_kernel(q_ptr, k_ptr, v_ptr, do_ptr, h_ptr, dh_ptr, g_ptr, dv_ptr,
+                                 dq_ptr, dk_ptr, dw_ptr, dg_ptr, cu_ptr, idx_ptr,
+                                 T, B, H, GQ, K, V, scale,
+                                 s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
+                                 s_hb, s_hc, s_hh, s_hk, s_db, s_dc, s_dh, s_dk, s_gb, s_gt, s_gh,
+                                 s_ub, s_ut, s_uh, s_qob, s_qot, s_qoh, s_wb, s_wt, s_wh, s_gn, s_gob, s_got, s_goh,
+                                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
+                                 HAS_DW: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """``chunk_bwd_dqkwg_kernel``'s two phases in one program per (chunk, q/k head, K-block): one pass over
+    V loads do, v (both orientations), h, dh and dv once and accumulates ``dA = do vᵀ`` and ``dAᵀ = v doᵀ``
+    (a product of its own, not a transpose of a dot result), ``do Sᵀ``, ``v dSᵀ``, ``dv Sᵀ`` and
+    ``⟨S, dS⟩``. Its K-block's dg part goes to slot ``dg[i_k]``. Program id: flattened
+    ``((chunk · B + batch) · H + head) · NK + K-block``."""
+    pid = tl.program_id(0).to(tl.int64)
+    NKB = tl.cdiv(K, BK)
+    i_k = pid % NKB
+    rest = pid // NKB
+    i_hq = rest % H
+    rest = rest // H
+    i_b = rest % B
+    i_c = rest // B
+    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    o_t = tl.arange(0, BT)
+    rmask = o_t < eos - start
+    last = tl.minimum(eos - start, BT) - 1
+    d = i_k * BK + tl.arange(0, BK)
+    dmask = d < K
+    km = rmask[:, None] & dmask[None, :]
+    b_q = tl.load(q_ptr + i_b * s_qb + i_hq * s_qh + start * s_qt + o_t[:, None] * s_qt + d[None, :],
+                  mask=km, other=0.0)
+    b_k = tl.load(k_ptr + i_b * s_kb + i_hq * s_kh + start * s_kt + o_t[:, None] * s_kt + d[None, :],
+                  mask=km, other=0.0)
+    out_off = i_b * s_qob + i_hq * s_qoh + start * s_qot + o_t[:, None] * s_qot + d[None, :]
+    causal = (o_t[:, None] >= o_t[None, :]) & rmask[:, None] & rmask[None, :]     # [i, j]: j <= i
+    causal_t = (o_t[None, :] >= o_t[:, None]) & rmask[:, None] & rmask[None, :]   # [j, i]: i >= j
+    b_sq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_sk = tl.zeros([BT, BK], dtype=tl.float32)
+    for i_g in range(0, GQ):
+        i_h = i_hq * GQ + i64(i_g)
+        v_c = v_ptr + i_b * s_vb + i_h * s_vh + start * s_vt
+        do_c = do_ptr + i_b * s_ob + i_h * s_oh + start * s_ot
+        dv_c = dv_ptr + i_b * s_ub + i_h * s_uh + start * s_ut
+        h_c = h_ptr + i_b * s_hb + i_c * s_hc + i_h * s_hh
+        dh_c = dh_ptr + i_b * s_db + i_c * s_dc + i_h * s_dh
+        b_dA = tl.zeros([BT, BT], dtype=tl.float32)
+        b_dAt = tl.zeros([BT, BT], dtype=tl.float32)
+        b_dqs = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dks = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dw = tl.zeros([BT, BK], dtype=tl.float32)
+        b_hdh = tl.zeros([BK], dtype=tl.float32)
+        for i_v in range(0, tl.cdiv(V, BV)):
+            cols = i_v * BV + tl.arange(0, BV)
+            cmask = cols < V
+            vm = rmask[:, None] & cmask[None, :]
+            vmt = cmask[:, None] & rmask[None, :]
+            hmt = cmask[:, None] & dmask[None, :]
+            b_do = tl.load(do_c + o_t[:, None] * s_ot + cols[None, :], mask=vm, other=0.0)
+            b_dot = tl.load(do_c + o_t[None, :] * s_ot + cols[:, None], mask=vmt, other=0.0)   # [BV, BT]
+            b_v = tl.load(v_c + o_t[:, None] * s_vt + cols[None, :], mask=vm, other=0.0)
+            b_vt = tl.load(v_c + o_t[None, :] * s_vt + cols[:, None], mask=vmt, other=0.0)     # [BV, BT]
+            b_ht = tl.load(h_c + d[None, :] * s_hk + cols[:, None], mask=hmt, other=0.0)       # [BV, BK]
+            b_dht = tl.load(dh_c + d[None, :] * s_dk + cols[:, None], mask=hmt, other=0.0)     # [BV, BK]
+            b_dA += _mm(b_do, b_vt.to(b_do.dtype))
+            b_dAt += _mm(b_v, b_dot.to(b_v.dtype))
+            b_dqs += _mm(b_do, b_ht.to(b_do.dtype))
+            b_dks += _mm(b_v, b_dht.to(b_v.dtype))
+            if HAS_DW:
+                b_dv = tl.load(dv_c + o_t[:, None] * s_ut + cols[None, :], mask=vm, other=0.0)
+                b_dw += _mm(b_dv, b_ht.to(b_dv.dtype))
+            if USE_G:
+                b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), 0)
+        if USE_G:
+            g_c = g_ptr + i_b * s_gb + i_h * s_gh + start * s_gt
+            b_g = tl.load(g_c + o_t * s_gt, mask=rmask, other=0.0).to(tl.float32)
+            g_last = tl.load(g_c + last * s_gt).to(tl.float32)
+            b_dA = b_dA * tl.exp(tl.where(causal, b_g[:, None] - b_g[None, :], 0.0))
+            b_dAt = b_dAt * tl.exp(tl.where(causal_t, b_g[None, :] - b_g[:, None], 0.0))
+            b_dqs = b_dqs * tl.where(rmask, tl.exp(tl.where(rmask, b_g, 0.0)), 0.0)[:, None]
+            b_dks = b_dks * tl.where(rmask, tl.exp(tl.where(rmask, g_last - b_g, 0.0)), 0.0)[:, None]
+        b_dA = tl.where(causal, b_dA * scale, 0.0)
+        b_dAt = tl.where(causal_t, b_dAt * scale, 0.0)
+        b_dq = b_dqs * scale + _mm(b_dA.to(b_k.dtype), b_k)
+        b_dk = b_dks + _mm(b_dAt.to(b_q.dtype), b_q)
+        if HAS_DW:
+            tl.store(dw_ptr + i_b * s_wb + i_h * s_wh + start * s_wt + o_t[:, None] * s_wt + d[None, :],
+                     (-b_dw).to(dw_ptr.dtype.element_ty), mask=km)
+        if USE_G:
+            b_kf = b_k.to(tl.float32)
+            b_dg = tl.sum(b_dq * b_q.to(tl.float32), 1) - tl.sum(b_dk * b_kf, 1)
+            b_dg = tl.where(o_t == last, b_dg + tl.exp(g_last) * tl.sum(b_hdh, 0) + tl.sum(tl.sum(b_dks * b_kf, 1), 0),
+                            b_dg)
+            tl.store(dg_ptr + i_k * s_gn + i_b * s_gob + i_h * s_goh + start * s_got + o_t * s_got,
+                     b_dg.to(dg_ptr.dtype.element_ty), mask=rmask)
+        b_sq += b_dq
+        b_sk += b_dk
+    tl.store(dq_ptr + out_off, b_sq.to(dq_ptr.dtype.element_ty), mask=km)
+    tl.store(dk_ptr + out_off, b_sk.to(dk_ptr.dtype.element_ty), mask=km)
