@@ -6,8 +6,9 @@ only the accumulation order may differ).
     python3 benchmarks/tune_gdn_bwd.py [--T 8192] [--H 16] [--HV 32] [--K 128] [--V 128]
     python3 benchmarks/tune_gdn_bwd.py --device cpu --T 128 --H 2 --HV 4 --K 32 --V 32   # script check
 
-- ``chunk_bwd_dqkwg``: two-phase or fused kernel x K-block ``BK`` x V tile ``BV`` x warps x stages (the
-  launcher's autotuner picks BV/warps/stages among four; BK is fixed by ``block_k``);
+- ``chunk_bwd_dqkwg``: K-block ``BK`` x V tile ``BV`` x warps x stages (the launcher's autotuner picks
+  BV/warps/stages among its list; BK is fixed by ``block_k``). A configuration whose rel-RMS against the
+  default is far above the others' is a miscompile (one was: BK=128, BV=32, 4 warps, 3 stages);
 - ``prepare_wy_repr_bwd`` and ``recompute_w_u_fwd``: ``(BK = BV, warps, stages)`` (``wy_fast.*_config``).
 
 Inputs are a real pipeline state: unit q/k, ``g = logsigmoid``, sigmoid beta, then the forward stages and
@@ -75,29 +76,26 @@ def tune_dqkwg(s, dev):
                            None, None, s["BT"], None, dw_dtype=s["dt"])
 
     ref = run()
-    print(f"chunk_bwd_dqkwg: default (BK={orig_block_k(s['k'].shape[-1])}, autotuned): {_time(run, dev):8.1f} us",
+    print(f"chunk_bwd_dqkwg: default (BK={orig_block_k(s['k'].shape[-1], s['dt'])}, autotuned): {_time(run, dev):8.1f} us",
           flush=True)
     rows = []
     try:
-        for fused, bk, bv, nw, ns in itertools.product((False, True), (64, 128), (32, 64), (4, 8), (2, 3)):
-            mod.FUSED = fused
+        for bk, bv, nw, ns in itertools.product((64, 128), (32, 64), (4, 8), (2, 3)):
             if bk > max(16, triton.next_power_of_2(s["k"].shape[-1])):
                 continue
-            mod.block_k = lambda K, bk=bk: bk  # noqa: E731
+            mod.block_k = lambda K, dtype=None, bk=bk: bk  # noqa: E731
             mod._configs = lambda bv=bv, nw=nw, ns=ns: [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)]
             mod._KERNEL = None
             try:
                 err = _errs(run(), ref)
                 us = _time(run, dev)
             except Exception as e:  # out of resources etc.: report and go on
-                print(f"  fused={fused:d} BK={bk:3d} BV={bv} warps={nw} stages={ns}: failed "
-                      f"({type(e).__name__}: {str(e)[:80]})")
+                print(f"  BK={bk:3d} BV={bv} warps={nw} stages={ns}: failed ({type(e).__name__}: {str(e)[:80]})")
                 continue
-            rows.append((us, fused, bk, bv, nw, ns))
-            print(f"  fused={fused:d} BK={bk:3d} BV={bv} warps={nw} stages={ns}: {us:8.1f} us  rel_rms vs default "
-                  f"{err:.1e}", flush=True)
+            rows.append((us, bk, bv, nw, ns))
+            print(f"  BK={bk:3d} BV={bv} warps={nw} stages={ns}: {us:8.1f} us  rel_rms vs default {err:.1e}", flush=True)
     finally:
-        mod.block_k, mod._configs, mod._KERNEL, mod.FUSED = orig_block_k, orig_configs, None, False
+        mod.block_k, mod._configs, mod._KERNEL = orig_block_k, orig_configs, None
     if rows:
         print("  best:", min(rows))
 
@@ -122,7 +120,7 @@ def tune_wy(s, dev, which):
     print(f"wy {which}: default {d}: {_time(run, dev):8.1f} us", flush=True)
     rows = []
     try:
-        for t, nw, ns in itertools.product((32, 64), (4, 8), (1, 2, 3)):
+        for t, nw, ns in itertools.product((64, 32), (8, 4), (3, 2, 1)):
             setattr(mod, name, lambda *_, t=t, nw=nw, ns=ns: (t, t, nw, ns))
             try:
                 err = _errs(run(), ref)
