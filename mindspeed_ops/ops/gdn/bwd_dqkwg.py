@@ -93,10 +93,16 @@ def _configs():
     import triton
 
     return [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
-            for bv, nw, ns in ((64, 8, 2), (32, 8, 2), (64, 8, 3), (32, 8, 3))]
+            for bv, nw, ns in ((64, 8, 2), (32, 8, 2), (64, 8, 3), (32, 8, 3), (64, 4, 3), (32, 4, 3))]
 
 
-_prune = prune_v_tiles
+def _prune(configs, named_args, **kwargs):
+    """V tiles as the other chunk launchers; with a 128-wide K block only 8 warps (H200, triton 3.6: BK=128,
+    BV=32, 4 warps, 3 stages gave wrong results, rel-RMS 7e-3 against the other configurations)."""
+    kept = prune_v_tiles(configs, named_args, **kwargs)
+    if kwargs.get("BK", named_args.get("BK", 0)) > 64:  # BK is a launch keyword (Triton passes those apart)
+        kept = [c for c in kept if c.num_warps >= 8] or [c for c in configs if c.num_warps >= 8][:1]
+    return kept
 
 
 _KERNEL = None
@@ -108,19 +114,27 @@ def _kernel():
     if _KERNEL is None:
         from .triton_bwd import chunk_bwd_dqkwg_kernel
 
-        _KERNEL = tu.autotune(_configs(), key=["H", "GQ", "K", "V", "BT", "USE_G", "HAS_DW", "IS_VARLEN"],
+        _KERNEL = tu.autotune(_configs(), key=["H", "GQ", "K", "V", "BT", "USE_G", "HAS_DW", "IS_VARLEN", "BK"],
                               prune_configs_by={"early_config_prune": _prune})(chunk_bwd_dqkwg_kernel)
     return _KERNEL
 
 
-def block_k(K: int) -> int:
-    """K-block of one program: at least 16 (``tl.dot``), at most 64 (five fp32 ``[BT, BK]``
-    accumulators live in registers)."""
-    return max(16, min(64, tu.next_power_of_2(K)))
+def block_k(K: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """K-block of one program: at least 16 (``tl.dot``). fp16/bf16 with ``64 < K <= 128``: the whole K in
+    one block (each program then computes its chunk's ``do vᵀ`` once, not per block: 464 µs vs 511 µs at
+    the best 64-wide configuration, B1 T8192 H16 HV32 K=V=128 on the H200, benchmarks/tune_gdn_bwd.py);
+    otherwise at most 64 (fp32 products run on the FMA units with larger register tiles)."""
+    b = max(16, tu.next_power_of_2(K))
+    if b == 128 and dtype in (torch.float16, torch.bfloat16):
+        return 128
+    return min(64, b)
 
 
-def forward(q, k, v, do, h, dh, g, dv, w, scale, cu_host, cu_seqlens, chunk_size, chunk_indices=None):
-    """Triton launch (arguments already validated)."""
+def forward(q, k, v, do, h, dh, g, dv, w, scale, cu_host, cu_seqlens, chunk_size, chunk_indices=None,
+            dw_dtype=torch.float32):
+    """Triton launch (arguments already validated). ``dw_dtype``: the GDN pipeline asks for k's dtype, the
+    operand dtype its only consumer (wy's backward) rounds dw to before every product anyway: half the
+    bytes written and read, the same result."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
@@ -129,11 +143,11 @@ def forward(q, k, v, do, h, dh, g, dv, w, scale, cu_host, cu_seqlens, chunk_size
     qq, kk, vv, oo, hh, dhh = (unit_last_stride(tu.kernel_input(t)) for t in (q, k, v, do, h, dh))
     gg, uu = (unit_last_stride(tu.kernel_input(t)) for t in (g, dv))
     has_dw = w is not None and dv is not None
-    BK = block_k(K)
+    BK = block_k(K, qq.dtype)
     NKB = tu.cdiv(K, BK)
     dq = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
     dk = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
-    dw = torch.empty(B, T, HV, K, dtype=torch.float32, device=dev) if has_dw else None
+    dw = torch.empty(B, T, HV, K, dtype=dw_dtype, device=dev) if has_dw else None
     dg = torch.empty(B, T, HV, dtype=torch.float32, device=dev) if g is not None else None
     # dg parts (two phases x K-blocks), summed with torch (deterministic)
     dg_part = None if dg is None else torch.empty(2 * NKB, B, T, HV, dtype=torch.float32, device=dev)

@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from ... import backends
+from ... import triton_utils as tu
 from ..norm.l2norm import rstd as _l2_rstd
 from . import bwd_dhu, bwd_dqkwg, bwd_dv, cumsum, fwd_h, fwd_o, kkt, solve_tril, wy_fast
 from .common import device_tables, zero_tail_rows
@@ -52,7 +53,8 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
 def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, use_qk_l2norm_in_kernel: bool,
              cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int):
     """Backward pipeline of SPEC 1.10.0 from the saved inputs, ``G`` and ``Ainv`` (``w, u, h, v_new``
-    recomputed). Returns ``(dq, dk, dv, dg or None, dbeta, dh0 or None)``: dq/dk/dg/dbeta/dh0 in fp32."""
+    recomputed). Returns ``(dq, dk, dv, dg or None, dbeta, dh0 or None)``: dg/dbeta/dh0 in fp32, dq/dk in fp32
+    (in q's/k's dtype with the in-kernel l2norm, whose backward writes them)."""
     BT = chunk_size
     cu, idx = device_tables(cu_host, BT, q.device)
     G = G if g is not None else None
@@ -66,19 +68,17 @@ def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, us
     dv_local = bwd_dv.forward(qn, kn, do, G, scale, cu_host, cu, BT, idx)
     dh, dh0, dv2 = bwd_dhu.forward(qn, kn, w, do, dv_local, G, None, initial_state, dht, scale, BT, cu_host)
     del dv_local, u  # the recomputed intermediates go as soon as their last stage has run (peak memory)
-    dq, dk, dw, dG = bwd_dqkwg.forward(qn, kn, v_new, do, h, dh, G, dv2, w, scale, cu_host, cu, BT, idx)
+    dq, dk, dw, dG = bwd_dqkwg.forward(qn, kn, v_new, do, h, dh, G, dv2, w, scale, cu_host, cu, BT, idx,
+                                       dw_dtype=tu.kernel_dtype(kn.dtype))
     del h, dh, v_new, w
-    dk2, dv, dbeta, dG2 = wy_fast.backward(kn, v, G, beta, Ainv, dw, dv2, cu_host, cu, idx)
+    # wy's backward adds dqkwg's dk and dG on its way out (no separate elementwise passes)
+    dk, dv, dbeta, dG = wy_fast.backward(kn, v, G, beta, Ainv, dw, dv2, cu_host, cu, idx, dk_acc=dk, dg_acc=dG)
     del dw, dv2
-    dk += dk2
-    del dk2
     dg = None
     if G is not None:
-        dG += dG2
-        del dG2
         dg = cumsum.forward(dG, BT, True, None, cu_host, cu, torch.float32, idx)
-    if use_qk_l2norm_in_kernel:
-        dq = _l2norm(q).backward(qn, q_rstd, dq, L2_EPS, True, torch.float32)
-        dk = _l2norm(k).backward(kn, k_rstd, dk, L2_EPS, True, torch.float32)
+    if use_qk_l2norm_in_kernel:  # straight to the input dtype: the caller's cast would be one more pass
+        dq = _l2norm(q).backward(qn, q_rstd, dq, L2_EPS, True, q.dtype)
+        dk = _l2norm(k).backward(kn, k_rstd, dk, L2_EPS, True, k.dtype)
         zero_tail_rows(cu_host, dq, dk)
     return dq, dk, dv, dg, dbeta, dh0

@@ -202,7 +202,8 @@ def wy_bwd_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, dw_ptr, du_ptr, dk_ptr, 
                   s_ab, s_at, s_ah, s_ac, s_wb, s_wt, s_wh, s_wd, s_ub, s_ut, s_uh, s_ud,
                   s_dkb, s_dkt, s_dkh, s_dkd, s_dvb, s_dvt, s_dvh, s_dvd, s_ob, s_ot, s_oh,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr):
+                  HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr,
+                  dkin_ptr, dgin_ptr, s_ib, s_it, s_ih, s_jb, s_jt, s_jh, HAS_ACC: tl.constexpr):
     """Backward of ``w, u`` (SPEC 1.10.4) for one chunk and value head, ``T = A``:
 
     pass 1 (V tiles, then K tiles): ``dv = β ⊙ Tᵀdu``, ``dβ += Σ v ⊙ Tᵀdu``, and both
@@ -211,7 +212,10 @@ def wy_bwd_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, dw_ptr, du_ptr, dk_ptr, 
     ``Pᵀ = dMᵀ ⊙ Dᵀ ⊙ β_col`` with ``D_ij = e^{G_i − G_j}``;
     pass 2 (K tiles): ``dk = β e^{G} ⊙ Tᵀdw + β ⊙ (Q k) + Pᵀ k``; the ``k·(…)`` row sums give the
     ``M`` parts of ``dβ`` (``Σ_j dM_ij D_ij k_i·k_j``) and ``dG`` (``β_i Σ_j … − Σ_l P_li k_l·k_i``).
-    ``dk`` is written per value head (fp32); the launcher sums value heads sharing a q/k head."""
+    ``dk`` is written per value head (fp32); the launcher sums value heads sharing a q/k head.
+    ``HAS_ACC``: the pipeline's other parts of the gradients are added on the way out, so no separate
+    elementwise pass reads them again: ``dkin [B, T, H, K]`` (fp32, per q/k head) into the first value
+    head of each group only (the launcher's group sum then counts it once), ``dgin [B, T, HV]`` into dg."""
     i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
     start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
     o = tl.arange(0, BT)
@@ -290,6 +294,10 @@ def wy_bwd_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, dw_ptr, du_ptr, dk_ptr, 
         b_Qk = _dot(b_Q, b_k, k_ptr.dtype.element_ty)
         b_Ptk = _dot(b_Pt, b_k, k_ptr.dtype.element_ty)
         b_dk = b_bk[:, None] * b_Tdw + b_beta[:, None] * b_Qk + b_Ptk
+        if HAS_ACC:  # a masked-off load in the group's other value heads
+            first = (i_h % GRP) == 0
+            b_dk += tl.load(dkin_ptr + i_b * s_ib + i_hk * s_ih + rows[:, None] * s_it + d[None, :], mask=mr & first,
+                            other=0.0).to(tl.float32)
         tl.store(dk_base + rows[:, None] * s_dkt + d[None, :] * s_dkd, b_dk.to(dk_ptr.dtype.element_ty), mask=mr)
         kTdw = tl.sum(b_k * b_Tdw, 1)
         kQk = tl.sum(b_k * b_Qk, 1)
@@ -298,4 +306,6 @@ def wy_bwd_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, dw_ptr, du_ptr, dk_ptr, 
 
     tl.store(db_ptr + i_b * s_ob + rows * s_ot + i_h * s_oh, b_db, mask=valid)
     if HAS_G:
+        if HAS_ACC:
+            b_dg += tl.load(dgin_ptr + i_b * s_jb + rows * s_jt + i_h * s_jh, mask=valid, other=0.0).to(tl.float32)
         tl.store(dg_ptr + i_b * s_ob + rows * s_ot + i_h * s_oh, b_dg, mask=valid)

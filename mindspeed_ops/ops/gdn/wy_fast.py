@@ -213,8 +213,10 @@ def prepare_wy_repr_bwd(k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tens
     return backward(k, v, g, beta, A, dw, du, cu_host, cu_seqlens, chunk_indices)
 
 
-def backward(k, v, g, beta, A, dw, du, cu_host, cu_seqlens, chunk_indices=None):
-    """Triton launch of ``prepare_wy_repr_bwd`` (arguments already validated)."""
+def backward(k, v, g, beta, A, dw, du, cu_host, cu_seqlens, chunk_indices=None, dk_acc=None, dg_acc=None):
+    """Triton launch of ``prepare_wy_repr_bwd`` (arguments already validated). ``dk_acc [B, T, H, K]`` and
+    ``dg_acc [B, T, HV]`` (fp32, contiguous last dim; dg_acc only with g, and given whenever dk_acc is): the
+    GDN pipeline's other parts of ``dk``/``dG``, added inside the kernel (the returned dk/dg include them)."""
     from .triton_wy import wy_bwd_kernel
 
     B, T, H, K = k.shape
@@ -236,6 +238,14 @@ def backward(k, v, g, beta, A, dw, du, cu_host, cu_seqlens, chunk_indices=None):
             cu if cu is not None else kx, idx if idx is not None else kx, T, B * HV, HV, HV // H,
             *kx.stride(), *vx.stride(), *(gx.stride() if gx is not None else (0, 0, 0)), *bx.stride(),
             *ax.stride(), *dwx.stride(), *dux.stride(), *dk_v.stride(), *dv.stride(), *dbeta.stride(),
-            K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=gx is not None, IS_VARLEN=idx is not None, num_warps=nw, num_stages=ns)
+            K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=gx is not None, IS_VARLEN=idx is not None,
+            dkin_ptr=dk_acc if dk_acc is not None else kx, dgin_ptr=dg_acc if dg_acc is not None else kx,
+            **dict(zip(("s_ib", "s_it", "s_ih"), dk_acc.stride()[:3] if dk_acc is not None else (0, 0, 0))),
+            **dict(zip(("s_jb", "s_jt", "s_jh"), dg_acc.stride() if dg_acc is not None else (0, 0, 0))),
+            HAS_ACC=dk_acc is not None, num_warps=nw, num_stages=ns)
+    elif dk_acc is not None:  # no chunk to run: the other parts are the gradient
+        dk_v[:, :, ::HV // H] = dk_acc
+        if dg is not None:
+            dg.copy_(dg_acc)
     dk = dk_v if HV == H else dk_v.view(B, T, H, HV // H, K).sum(3)
     return dk, tu.finish(dv, v.dtype), dbeta, dg

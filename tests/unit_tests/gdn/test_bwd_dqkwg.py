@@ -221,7 +221,8 @@ def test_gpu_head_dim_100():
 @COMPILE_ONLY_MARKS[1]
 def test_kernels_compile_for_gpu():
     """The three backward stage kernels at Qwen3-Next sizes (H = 16, HV = 32, K = V = 128, fp16 and its
-    bf16 twin) build for sm_90 with every autotune config, within shared memory and without spills."""
+    bf16 twin) build for sm_90 with every autotune config, within shared memory and without spills, but
+    dqkwg's 128-wide K block (``DQKWG_BK128_SPILL``)."""
     from mindspeed_ops import compile_check as cc
     from mindspeed_ops.api.triton.chunk_bwd_dv_local import chunk_bwd_dv_local
     from mindspeed_ops.api.triton.chunk_gated_delta_rule_bwd_dhu import chunk_gated_delta_rule_bwd_dhu
@@ -242,4 +243,12 @@ def test_kernels_compile_for_gpu():
     assert not bad, "\n".join(bad)
     for r in results:
         assert r.shared is not None and r.shared <= cc.SHARED_LIMIT[r.arch]
-        assert not r.spill_stores, f"{r.launch.label()} sm_{r.arch} spills {r.spill_stores} bytes"
+        allowed = DQKWG_BK128_SPILL if "BK=128" in r.launch.label() else 0
+        assert r.spill_stores <= allowed, f"{r.launch.label()} sm_{r.arch} spills {r.spill_stores} bytes"
+
+
+#: dqkwg takes K <= 128 in one 128-wide block for fp16/bf16 although it then spills (sm_90: 16-316 bytes by
+#: configuration; sm_80: 72-540): on the H200 that was the fastest setting (464 us with 64-wide V tiles, 8
+#: warps, 3 stages, 228 bytes of spills, vs 511 us for the best 64-wide K block, which does not spill;
+#: benchmarks/tune_gdn_bwd.py, docs/benchmarks/gdn.md). The bound catches worse.
+DQKWG_BK128_SPILL = 1024

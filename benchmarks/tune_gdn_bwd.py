@@ -1,0 +1,161 @@
+"""Launch configurations of the GDN backward's two largest kernels (and wy's forward, run twice per
+training step) at one shape: median us (``triton.testing.do_bench``) per configuration, each checked
+against the current default configuration's output (rel-RMS; products in bf16 round the same operands,
+only the accumulation order may differ).
+
+    python3 benchmarks/tune_gdn_bwd.py [--T 8192] [--H 16] [--HV 32] [--K 128] [--V 128]
+    python3 benchmarks/tune_gdn_bwd.py --device cpu --T 128 --H 2 --HV 4 --K 32 --V 32   # script check
+
+- ``chunk_bwd_dqkwg``: K-block ``BK`` x V tile ``BV`` x warps x stages (the launcher's autotuner picks
+  BV/warps/stages among its list; BK is fixed by ``block_k``). A configuration whose rel-RMS against the
+  default is far above the others' is a miscompile (one was: BK=128, BV=32, 4 warps, 3 stages);
+- ``prepare_wy_repr_bwd`` and ``recompute_w_u_fwd``: ``(BK = BV, warps, stages)`` (``wy_fast.*_config``).
+
+Inputs are a real pipeline state: unit q/k, ``g = logsigmoid``, sigmoid beta, then the forward stages and
+the backward stages up to each tuned one.
+"""
+import argparse
+import itertools
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import importlib  # noqa: E402
+
+from mindspeed_ops.testing import rel_rms  # noqa: E402
+
+_m = {n: importlib.import_module(f"mindspeed_ops.ops.gdn.{n}")
+      for n in ("bwd_dhu", "bwd_dqkwg", "bwd_dv", "cumsum", "fwd_h", "kkt", "solve_tril", "wy_fast")}
+
+
+def _state(a, dev):
+    """Every tensor the tuned kernels read, made by the pipeline's own stages."""
+    torch.manual_seed(0)
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    B, T, H, HV, K, V, BT = 1, a.T, a.H, a.HV, a.K, a.V, 64
+    q = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
+    v = torch.randn(B, T, HV, V, device=dev).to(dt)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device=dev))
+    beta = torch.rand(B, T, HV, device=dev).to(dt)
+    do = torch.randn(B, T, HV, V, device=dev).to(dt)
+    scale = K ** -0.5
+    G = _m["cumsum"].forward(g, BT, False, None, None, None, torch.float32, None)
+    A = _m["kkt"].forward(k, G, None, beta, HV, None, None, BT, torch.float32, None)
+    Ainv = _m["solve_tril"].forward(A, None, None, k.dtype, None)
+    w, u = _m["wy_fast"].forward(k, v, beta, Ainv, G, None, None, None, None)
+    h, v_new, _ = _m["fwd_h"].forward(k, w, u, G, None, None, False, BT, True, None)
+    dv_local = _m["bwd_dv"].forward(q, k, do, G, scale, None, None, BT, None)
+    dh, _, dv2 = _m["bwd_dhu"].forward(q, k, w, do, dv_local, G, None, None, None, scale, BT, None)
+    return dict(q=q, k=k, v=v, beta=beta, G=G, Ainv=Ainv, w=w, h=h, v_new=v_new, do=do, dh=dh, dv2=dv2, scale=scale,
+                BT=BT, dt=dt)
+
+
+def _time(fn, dev):
+    if dev != "cuda":
+        return float("nan")
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+
+
+def _errs(out, ref):
+    return max(rel_rms(o.float(), r.float()) for o, r in zip(out, ref) if o is not None)
+
+
+def tune_dqkwg(s, dev):
+    import triton
+
+    mod = _m["bwd_dqkwg"]
+    orig_block_k, orig_configs = mod.block_k, mod._configs
+
+    def run():
+        return mod.forward(s["q"], s["k"], s["v_new"], s["do"], s["h"], s["dh"], s["G"], s["dv2"], s["w"], s["scale"],
+                           None, None, s["BT"], None, dw_dtype=s["dt"])
+
+    ref = run()
+    print(f"chunk_bwd_dqkwg: default (BK={orig_block_k(s['k'].shape[-1], s['dt'])}, autotuned): {_time(run, dev):8.1f} us",
+          flush=True)
+    rows = []
+    try:
+        for bk, bv, nw, ns in itertools.product((64, 128), (32, 64), (4, 8), (2, 3)):
+            if bk > max(16, triton.next_power_of_2(s["k"].shape[-1])):
+                continue
+            mod.block_k = lambda K, dtype=None, bk=bk: bk  # noqa: E731
+            mod._configs = lambda bv=bv, nw=nw, ns=ns: [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)]
+            mod._KERNEL = None
+            try:
+                err = _errs(run(), ref)
+                us = _time(run, dev)
+            except Exception as e:  # out of resources etc.: report and go on
+                print(f"  BK={bk:3d} BV={bv} warps={nw} stages={ns}: failed ({type(e).__name__}: {str(e)[:80]})")
+                continue
+            rows.append((us, bk, bv, nw, ns))
+            print(f"  BK={bk:3d} BV={bv} warps={nw} stages={ns}: {us:8.1f} us  rel_rms vs default {err:.1e}", flush=True)
+    finally:
+        mod.block_k, mod._configs, mod._KERNEL = orig_block_k, orig_configs, None
+    if rows:
+        print("  best:", min(rows))
+
+
+def tune_wy(s, dev, which):
+    mod = _m["wy_fast"]
+    name = "bwd_config" if which == "bwd" else "fwd_config"
+    orig = getattr(mod, name)
+    if which == "bwd":
+        dq_unused, dk_acc, dw, dG = _m["bwd_dqkwg"].forward(
+            s["q"], s["k"], s["v_new"], s["do"], s["h"], s["dh"], s["G"], s["dv2"], s["w"], s["scale"], None, None,
+            s["BT"], None, dw_dtype=s["dt"])
+
+        def run():
+            return mod.backward(s["k"], s["v"], s["G"], s["beta"], s["Ainv"], dw, s["dv2"], None, None, None,
+                                dk_acc=dk_acc, dg_acc=dG)
+    else:
+        def run():
+            return mod.forward(s["k"], s["v"], s["beta"], s["Ainv"], s["G"], None, None, None, None)
+    d = orig(s["BT"], s["k"].shape[-1], s["v"].shape[-1], s["dt"])
+    ref = run()
+    print(f"wy {which}: default {d}: {_time(run, dev):8.1f} us", flush=True)
+    rows = []
+    try:
+        for t, nw, ns in itertools.product((64, 32), (8, 4), (3, 2, 1)):
+            setattr(mod, name, lambda *_, t=t, nw=nw, ns=ns: (t, t, nw, ns))
+            try:
+                err = _errs(run(), ref)
+                us = _time(run, dev)
+            except Exception as e:
+                print(f"  BK=BV={t} warps={nw} stages={ns}: failed ({type(e).__name__}: {str(e)[:80]})")
+                continue
+            rows.append((us, t, nw, ns))
+            print(f"  BK=BV={t} warps={nw} stages={ns}: {us:8.1f} us  rel_rms vs default {err:.1e}", flush=True)
+    finally:
+        setattr(mod, name, orig)
+    if rows:
+        print("  best:", min(rows))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--T", type=int, default=8192)
+    ap.add_argument("--H", type=int, default=16)
+    ap.add_argument("--HV", type=int, default=32)
+    ap.add_argument("--K", type=int, default=128)
+    ap.add_argument("--V", type=int, default=128)
+    ap.add_argument("--only", nargs="+", default=["dqkwg", "wy_bwd", "wy_fwd"], choices=["dqkwg", "wy_bwd", "wy_fwd"])
+    ap.add_argument("--device", default="cuda", help="cpu: a check of the script itself (TRITON_INTERPRET=1, "
+                    "small shapes), no timing")
+    a = ap.parse_args()
+    s = _state(a, a.device)
+    print(f"B=1 T={a.T} H={a.H} HV={a.HV} K={a.K} V={a.V} BT=64 {s['dt']}; torch {torch.__version__}", flush=True)
+    if "dqkwg" in a.only:
+        tune_dqkwg(s, a.device)
+    if "wy_bwd" in a.only:
+        tune_wy(s, a.device, "bwd")
+    if "wy_fwd" in a.only:
+        tune_wy(s, a.device, "fwd")
+
+
+if __name__ == "__main__":
+    main()
