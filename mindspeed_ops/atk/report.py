@@ -324,18 +324,37 @@ def load_report(path: str) -> dict:
     return data
 
 
+def _point(row: dict, key: str) -> tuple:
+    """The measured point a row belongs to: (op, case, shape, dtype, direction) for timings (every
+    implementation of a point comes from one run, so its ratios stay within one run), plus the values
+    and backend for accuracy/determinism checks."""
+    case = row.get("case", row.get("variant"))
+    if key == "performance":
+        return row.get("op"), case, row.get("shape"), row.get("dtype"), row.get("direction")
+    return row.get("op"), case, row.get("values"), row.get("shape"), row.get("dtype"), row.get("backend")
+
+
 def merge_reports(reports: Sequence[dict]) -> dict:
-    """One report from several runs (e.g. per-family GPU jobs): rows concatenated; header, ceilings and
-    baselines from the first run; every run's command, date and ceilings listed in ``notes``."""
+    """One report from several runs (e.g. per-family GPU jobs): rows concatenated, except that a point
+    measured again by a later run keeps only the later run's rows (a re-run after a kernel change
+    supersedes the old figures); header, ceilings and baselines from the first run; every run's command,
+    date and ceilings listed in ``notes``."""
     if len(reports) == 1:
         return reports[0]
     out = json.loads(json.dumps(reports[0]))
     out["meta"]["command"] = " ; ".join(r["meta"].get("command", "?") for r in reports)
     out["meta"]["suites"] = sorted({s for r in reports for s in r["meta"].get("suites", [])})
     out["complete"] = all(r.get("complete", True) for r in reports)
-    for key in ("accuracy", "determinism", "performance", "skipped", "load_errors", "not_run"):
+    superseded = 0
+    for key in ("accuracy", "determinism", "performance"):
+        last = {_point(x, key): i for i, r in enumerate(reports) for x in r.get(key, [])}
+        rows = [(i, x) for i, r in enumerate(reports) for x in r.get(key, [])]
+        out[key] = [x for i, x in rows if last[_point(x, key)] == i]
+        superseded += len(rows) - len(out[key])
+    for key in ("skipped", "load_errors", "not_run"):
         out[key] = [x for r in reports for x in r.get(key, [])]
-    out["notes"] = [f"merged from {len(reports)} runs:"] + [
+    out["notes"] = [f"merged from {len(reports)} runs" + (
+        f" ({superseded} rows superseded by a later run of the same point)" if superseded else "") + ":"] + [
         f"run {i + 1}: `{r['meta'].get('command', '?')}` at {r['meta'].get('date', '?')}, copy "
         f"{_fmt(r.get('ceilings', {}).get('copy_gbs'), '.0f', 'n/a')} GB/s, GEMM "
         f"{_fmt(r.get('ceilings', {}).get('gemm_tflops'), '.0f', 'n/a')} TFLOP/s" for i, r in enumerate(reports)

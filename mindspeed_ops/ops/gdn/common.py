@@ -1,6 +1,7 @@
 """Host helpers shared by the GDN stage launchers: kernel-or-reference choice, chunk tables."""
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -42,27 +43,44 @@ def chunk_table(op: str, cu_host: Optional[list], cu_seqlens: Optional[torch.Ten
     return nt, cu, idx
 
 
+#: distinct (offsets, chunk size, device) whose device tables are kept: every linear-attention layer of a
+#: training step sees the same packing, so its tables are built and copied once, not per layer and call
+TABLE_CACHE_SIZE = 64
+
+
+@functools.lru_cache(maxsize=TABLE_CACHE_SIZE)
+def _device_tables(cu: tuple, BT: int, device: torch.device):
+    cu_cpu = torch.tensor(cu, dtype=torch.int64)
+    return tu.host_to_device(cu_cpu, device), tu.host_to_device(build_chunk_indices(cu_cpu, BT), device)
+
+
 def device_tables(cu_host: Optional[list], BT: int, device: torch.device):
-    """``(cu_seqlens, chunk_indices)`` on ``device``, built once per call from the validated host offsets
-    (``(None, None)`` without varlen); both copies queued without draining the stream."""
+    """``(cu_seqlens, chunk_indices)`` on ``device`` from the validated host offsets (``(None, None)``
+    without varlen); copies queued without draining the stream, and kept (keyed by the offsets' values)
+    for the next call with the same packing. Read-only: the kernels never write them."""
     if cu_host is None:
         return None, None
-    cu_cpu = torch.tensor(cu_host, dtype=torch.int64)
-    return tu.host_to_device(cu_cpu, device), tu.host_to_device(build_chunk_indices(cu_cpu, BT), device)
+    return _device_tables(tuple(cu_host), BT, torch.device(device))
+
+
+@functools.lru_cache(maxsize=TABLE_CACHE_SIZE)
+def _sequence_tables(cu: tuple, BT: int, device: torch.device):
+    offs = [0]
+    for a, b in zip(cu, cu[1:]):
+        offs.append(offs[-1] + (b - a + BT - 1) // BT)
+    return (offs[-1], tu.host_to_device(torch.tensor(cu, dtype=torch.int64), device),
+            tu.host_to_device(torch.tensor(offs, dtype=torch.int64), device))
 
 
 def sequence_chunks(cu_host: Optional[list], T: int, BT: int, device: torch.device
                     ) -> tuple[int, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """For the per-sequence state scans: ``(NT, cu_seqlens, chunk offsets)``. Fixed length: ``NT =
     ceil(T/BT)`` per batch row, no tables. Varlen: ``NT = Σ ceil(L_n/BT)``, the offsets and the index
-    of each sequence's first chunk in the flattened chunk list (``[N+1]`` int64), on ``device``."""
+    of each sequence's first chunk in the flattened chunk list (``[N+1]`` int64), on ``device`` (queued
+    without draining the stream and kept for the next call with the same packing, like ``device_tables``)."""
     if cu_host is None:
         return (T + BT - 1) // BT, None, None
-    offs = [0]
-    for a, b in zip(cu_host, cu_host[1:]):
-        offs.append(offs[-1] + (b - a + BT - 1) // BT)
-    return (offs[-1], torch.tensor(cu_host, dtype=torch.int64, device=device),
-            torch.tensor(offs, dtype=torch.int64, device=device))
+    return _sequence_tables(tuple(cu_host), BT, torch.device(device))
 
 
 def prune_v_tiles(configs, named_args, **kwargs):
