@@ -60,6 +60,9 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
                    help="start no new run after this many seconds (the report lists what was left), e.g. to fit "
                         "a time-limited GPU job")
+    p.add_argument("--skip-done", nargs="+", metavar="REPORT_JSON",
+                   help="skip the runs these earlier reports already hold (accuracy, determinism, ours measured): "
+                        "time-limited GPU jobs continue where the last one stopped; merge the reports with --from-json")
     p.add_argument("--no-plots", action="store_true", help="do not draw the PNG plots")
     p.add_argument("--atk-dir", metavar="DIR", help="case-file directory (default: tests/atk_tests of this checkout)")
     mode.add_argument("--list", action="store_true", help="list the ops, cases and shape points, run nothing")
@@ -249,7 +252,7 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                        small=args.small, quick=args.quick, cases=args.cases, directions=directions,
                        warmup=args.warmup, rep=args.rep, copy_gib=args.copy_gib, plots=not args.no_plots,
                        summary_md=args.summary_md, atk_dir=args.atk_dir, verbose=args.verbose,
-                       time_budget=args.time_budget, check_cases=args.check_cases)
+                       time_budget=args.time_budget, check_cases=args.check_cases, skip_done=args.skip_done)
         report = run(opts, console=con)
     except AtkSpecError as e:
         con.print(str(e), markup=False)

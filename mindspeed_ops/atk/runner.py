@@ -52,6 +52,7 @@ class Options:
     command: Optional[str] = None  # for the report header (default: this process's command line)
     time_budget: Optional[float] = None  # seconds: start no new run after this (the report says what was left)
     check_cases: bool = False  # accuracy also runs the ops' CheckCases (``mindspeed-ops check``'s registry)
+    skip_done: Optional[list] = None  # report.json paths: runs they already hold are not run again
 
 
 def resolve_callable(path: str) -> Callable:
@@ -117,6 +118,40 @@ class Item:
         b = f" [{self.backend}]" if self.backend else ""
         where = "check case" if self.shape is None else self.shape.text()
         return f"{self.suite} {self.case.op} / {self.case.name} / {where} / {self.dtype}{b}"
+
+
+def _done_key(suite: str, op: str, case: str, shape: str, dtype: str, backend: Optional[str] = None) -> tuple:
+    return suite, op, case, shape, dtype, backend
+
+
+def _requested_backend(row: dict) -> Optional[str]:
+    """The ``--backends`` entry a check row answered (None: the default dispatch); reports written before
+    rows carried it: the reference backend was only ever run when requested."""
+    if "requested_backend" in row:
+        return row["requested_backend"]
+    return "reference" if row.get("backend") == "reference" else None
+
+
+def done_runs(reports: Sequence[dict]) -> set:
+    """Keys of the runs earlier reports hold: accuracy and determinism rows, and measured points whose
+    ``ours`` row has a result (a failed measurement is run again)."""
+    done = set()
+    for r in reports:
+        for suite in ("accuracy", "determinism"):
+            done.update(_done_key(suite, x.get("op"), x.get("case"), x.get("shape"), x.get("dtype"),
+                                  _requested_backend(x)) for x in r.get(suite, []))
+        done.update(_done_key("measure", x.get("op"), x.get("variant"), x.get("shape"), x.get("dtype"))
+                    for x in r.get("performance", [])
+                    if x.get("kind") == "ours" and not x.get("error")
+                    and (x.get("median_ms") is not None or x.get("peak_extra_mib") is not None))
+    return done
+
+
+def item_key(item: "Item") -> Optional[tuple]:
+    if item.shape is None:  # a check case: always run
+        return None
+    return _done_key(item.suite, item.case.op, item.case.name, item.shape.text(), item.dtype,
+                     item.backend if item.suite in ("accuracy", "determinism") else None)
 
 
 @dataclass
@@ -347,6 +382,18 @@ def run(opts: Options, *, console=None) -> dict:
                                    else "reference backend (TRITON_INTERPRET=0)") + "; bf16 skipped")
     specs = load_specs(opts.atk_dir, opts.ops)
     plan = make_plan(specs, suites, device, opts)
+    if opts.skip_done:
+        from .report import load_report
+
+        try:
+            done = done_runs([load_report(p) for p in opts.skip_done])
+        except OSError as e:
+            raise ValueError(f"--skip-done: cannot read {e.filename}: {e.strerror}") from None
+        kept = [i for i in plan.items if item_key(i) not in done]
+        if len(kept) < len(plan.items):
+            notes.append(f"--skip-done: {len(plan.items) - len(kept)} run(s) already in "
+                         f"{', '.join(opts.skip_done)} not run again")
+        plan.items = kept
     report = new_report(device, suites, opts, notes)
     report["load_errors"] = plan.load_errors
     con = console or _console()
@@ -406,11 +453,11 @@ def run(opts: Options, *, console=None) -> dict:
             point = Point(item.case, item.shape, torch_dtype(item.dtype), call, reference)
             if item.suite == "accuracy":
                 r = verify(point, device, backend=item.backend)
-                report["accuracy"].append(r.to_dict())
+                report["accuracy"].append(dict(r.to_dict(), requested_backend=item.backend))
                 status = "PASS" if r.passed else f"FAIL {r.reason}"
             elif item.suite == "determinism":
                 r = determinism(point, device, backend=item.backend)
-                report["determinism"].append(r.to_dict())
+                report["determinism"].append(dict(r.to_dict(), requested_backend=item.backend))
                 status = "PASS" if r.passed else f"FAIL {r.reason}"
             else:
                 try:

@@ -220,6 +220,26 @@ def test_from_json_suite_keeps_those_suites_rows(tmp_path, capsys):
     assert "unknown suite(s) speed" in _atk_usage_error(capsys, "--from-json", str(src), "--suite", "speed")
 
 
+def test_skip_done_continues_where_a_report_stopped(tmp_path, capsys):
+    """``--skip-done`` runs only what earlier reports lack: a time-limited GPU job continues where the last
+    one stopped instead of repeating the first ops (every run starts from the same end of the plan)."""
+    code, out = _atk("--ops", "rms_norm", "--suite", "accuracy", "--dtypes", "fp32", "--out", str(tmp_path / "a"),
+                     "--no-plots", capsys=capsys)
+    first = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert code == 0 and first["accuracy"]
+    # half of the runs "done": the second run does the other half only
+    half = dict(first, accuracy=first["accuracy"][: len(first["accuracy"]) // 2])
+    (tmp_path / "half.json").write_text(json.dumps(half))
+    code, out = _atk("--ops", "rms_norm", "--suite", "accuracy", "--dtypes", "fp32", "--out", str(tmp_path / "b"),
+                     "--no-plots", "--skip-done", str(tmp_path / "half.json"), capsys=capsys)
+    second = json.loads((tmp_path / "b" / "report.json").read_text())
+    key = lambda r: (r["case"], r["shape"], r["backend"])  # noqa: E731
+    assert code == 0 and sorted(map(key, second["accuracy"])) == sorted(map(key, first["accuracy"][len(half["accuracy"]):]))
+    assert any("--skip-done:" in n for n in second["notes"])
+    assert "--skip-done: cannot read" in _atk_usage_error(capsys, "--ops", "rms_norm", "--skip-done",
+                                                          str(tmp_path / "missing.json"))
+
+
 def test_time_budget_stops_early(tmp_path, capsys):
     code, out = _atk("--ops", "rms_norm", "--suite", "accuracy", "--time-budget", "0", "--out", str(tmp_path),
                      capsys=capsys)
