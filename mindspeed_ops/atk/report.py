@@ -334,11 +334,14 @@ def _point(row: dict, key: str) -> tuple:
     return row.get("op"), case, row.get("values"), row.get("shape"), row.get("dtype"), row.get("backend")
 
 
+_MEASURE_SUITES = frozenset(("performance", "memory"))
+
+
 def merge_reports(reports: Sequence[dict]) -> dict:
     """One report from several runs (e.g. per-family GPU jobs): rows concatenated, except that a point
     measured again by a later run keeps only the later run's rows (a re-run after a kernel change
-    supersedes the old figures); header, ceilings and baselines from the first run; every run's command,
-    date and ceilings listed in ``notes``."""
+    supersedes the old figures; timings/memory only by a run of at least the earlier run's suites); header,
+    ceilings and baselines from the first run; every run's command, date and ceilings listed in ``notes``."""
     if len(reports) == 1:
         return reports[0]
     out = json.loads(json.dumps(reports[0]))
@@ -346,10 +349,15 @@ def merge_reports(reports: Sequence[dict]) -> dict:
     out["meta"]["suites"] = sorted({s for r in reports for s in r["meta"].get("suites", [])})
     out["complete"] = all(r.get("complete", True) for r in reports)
     superseded = 0
+    # performance and memory share the measured rows: a later run supersedes a point only if it measured
+    # (at least) what the earlier run did (a --suite memory re-run must not drop the earlier timings)
+    measured = [frozenset(r["meta"].get("suites") or _MEASURE_SUITES) & _MEASURE_SUITES for r in reports]
     for key in ("accuracy", "determinism", "performance"):
-        last = {_point(x, key): i for i, r in enumerate(reports) for x in r.get(key, [])}
+        points = [{_point(x, key) for x in r.get(key, [])} for r in reports]
         rows = [(i, x) for i, r in enumerate(reports) for x in r.get(key, [])]
-        out[key] = [x for i, x in rows if last[_point(x, key)] == i]
+        out[key] = [x for i, x in rows if not any(
+            _point(x, key) in points[j] and (key != "performance" or measured[j] >= measured[i])
+            for j in range(i + 1, len(reports)))]
         superseded += len(rows) - len(out[key])
     for key in ("skipped", "load_errors", "not_run"):
         out[key] = [x for r in reports for x in r.get(key, [])]
