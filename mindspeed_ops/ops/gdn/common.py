@@ -48,7 +48,26 @@ def chunk_table(op: str, cu_host: Optional[list], cu_seqlens: Optional[torch.Ten
 TABLE_CACHE_SIZE = 64
 
 
-@functools.lru_cache(maxsize=TABLE_CACHE_SIZE)
+def _cached(build):
+    """``build(cu, BT, device)`` kept per (offsets, chunk size, device, stream): a table is used on the
+    stream its copy was queued on. Never while a CUDA graph is being captured: a copy captured there runs
+    only at replay (a cached table would hold garbage for eager calls), and the graph must own what it reads
+    (an evicted table's memory would be reused under it)."""
+    cached = functools.lru_cache(maxsize=TABLE_CACHE_SIZE)(lambda cu, BT, device, stream: build(cu, BT, device))
+
+    def get(cu_host: list, BT: int, device) -> tuple:
+        device = torch.device(device)
+        if device.type != "cuda":
+            return cached(tuple(cu_host), BT, device, 0)
+        if torch.cuda.is_current_stream_capturing():
+            return build(tuple(cu_host), BT, device)
+        return cached(tuple(cu_host), BT, device, torch.cuda.current_stream(device).stream_id)
+
+    get.cache_clear = cached.cache_clear
+    return get
+
+
+@_cached
 def _device_tables(cu: tuple, BT: int, device: torch.device):
     cu_cpu = torch.tensor(cu, dtype=torch.int64)
     return tu.host_to_device(cu_cpu, device), tu.host_to_device(build_chunk_indices(cu_cpu, BT), device)
@@ -56,14 +75,14 @@ def _device_tables(cu: tuple, BT: int, device: torch.device):
 
 def device_tables(cu_host: Optional[list], BT: int, device: torch.device):
     """``(cu_seqlens, chunk_indices)`` on ``device`` from the validated host offsets (``(None, None)``
-    without varlen); copies queued without draining the stream, and kept (keyed by the offsets' values)
-    for the next call with the same packing. Read-only: the kernels never write them."""
+    without varlen); copies queued without draining the stream, and kept (keyed by the offsets' values,
+    see ``_cached``) for the next call with the same packing. Read-only: the kernels never write them."""
     if cu_host is None:
         return None, None
-    return _device_tables(tuple(cu_host), BT, torch.device(device))
+    return _device_tables(cu_host, BT, device)
 
 
-@functools.lru_cache(maxsize=TABLE_CACHE_SIZE)
+@_cached
 def _sequence_tables(cu: tuple, BT: int, device: torch.device):
     offs = [0]
     for a, b in zip(cu, cu[1:]):
@@ -80,7 +99,7 @@ def sequence_chunks(cu_host: Optional[list], T: int, BT: int, device: torch.devi
     without draining the stream and kept for the next call with the same packing, like ``device_tables``)."""
     if cu_host is None:
         return (T + BT - 1) // BT, None, None
-    return _sequence_tables(tuple(cu_host), BT, torch.device(device))
+    return _sequence_tables(cu_host, BT, device)
 
 
 def prune_v_tiles(configs, named_args, **kwargs):
