@@ -65,6 +65,25 @@ def _errs(out, ref):
     return max(rel_rms(o.float(), r.float()) for o, r in zip(out, ref) if o is not None)
 
 
+def _sweep(run, ref, dev, names, apply, configs):
+    """Each configuration: ``apply(*config)``, run, check against ``ref``, time; a failing one is reported
+    and skipped (a CUDA fault poisons the context: later ones then fail too, so order the likely-safe first)."""
+    rows = []
+    for cfg in configs:
+        label = " ".join(f"{n}={v}" for n, v in zip(names, cfg))
+        apply(*cfg)
+        try:
+            err = _errs(run(), ref)
+            us = _time(run, dev)
+        except Exception as e:  # out of resources, illegal access, ...: report and go on
+            print(f"  {label}: failed ({type(e).__name__}: {str(e)[:80]})")
+            continue
+        rows.append((us, cfg))
+        print(f"  {label}: {us:8.1f} us  rel_rms vs default {err:.1e}", flush=True)
+    if rows:
+        print("  best:", min(rows))
+
+
 def tune_dqkwg(s, dev):
     import triton
 
@@ -78,26 +97,18 @@ def tune_dqkwg(s, dev):
     ref = run()
     print(f"chunk_bwd_dqkwg: default (BK={orig_block_k(s['k'].shape[-1], s['dt'])}, autotuned): {_time(run, dev):8.1f} us",
           flush=True)
-    rows = []
+
+    def apply(bk, bv, nw, ns):
+        mod.block_k = lambda K, dtype, bk=bk: bk  # noqa: E731
+        mod._configs = lambda: [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)]
+        mod._KERNEL = None
+
+    kmax = max(16, triton.next_power_of_2(s["k"].shape[-1]))
     try:
-        for bk, bv, nw, ns in itertools.product((64, 128), (32, 64), (4, 8), (2, 3)):
-            if bk > max(16, triton.next_power_of_2(s["k"].shape[-1])):
-                continue
-            mod.block_k = lambda K, dtype=None, bk=bk: bk  # noqa: E731
-            mod._configs = lambda bv=bv, nw=nw, ns=ns: [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)]
-            mod._KERNEL = None
-            try:
-                err = _errs(run(), ref)
-                us = _time(run, dev)
-            except Exception as e:  # out of resources etc.: report and go on
-                print(f"  BK={bk:3d} BV={bv} warps={nw} stages={ns}: failed ({type(e).__name__}: {str(e)[:80]})")
-                continue
-            rows.append((us, bk, bv, nw, ns))
-            print(f"  BK={bk:3d} BV={bv} warps={nw} stages={ns}: {us:8.1f} us  rel_rms vs default {err:.1e}", flush=True)
+        _sweep(run, ref, dev, ("BK", "BV", "warps", "stages"), apply,
+               [c for c in itertools.product((64, 128), (32, 64), (4, 8), (2, 3)) if c[0] <= kmax])
     finally:
         mod.block_k, mod._configs, mod._KERNEL = orig_block_k, orig_configs, None
-    if rows:
-        print("  best:", min(rows))
 
 
 def tune_wy(s, dev, which):
@@ -118,22 +129,12 @@ def tune_wy(s, dev, which):
     d = orig(s["BT"], s["k"].shape[-1], s["v"].shape[-1], s["dt"])
     ref = run()
     print(f"wy {which}: default {d}: {_time(run, dev):8.1f} us", flush=True)
-    rows = []
     try:
-        for t, nw, ns in itertools.product((64, 32), (8, 4), (3, 2, 1)):
-            setattr(mod, name, lambda *_, t=t, nw=nw, ns=ns: (t, t, nw, ns))
-            try:
-                err = _errs(run(), ref)
-                us = _time(run, dev)
-            except Exception as e:
-                print(f"  BK=BV={t} warps={nw} stages={ns}: failed ({type(e).__name__}: {str(e)[:80]})")
-                continue
-            rows.append((us, t, nw, ns))
-            print(f"  BK=BV={t} warps={nw} stages={ns}: {us:8.1f} us  rel_rms vs default {err:.1e}", flush=True)
+        _sweep(run, ref, dev, ("BK=BV", "warps", "stages"),
+               lambda t, nw, ns: setattr(mod, name, lambda *_: (t, t, nw, ns)),
+               list(itertools.product((64, 32), (8, 4), (3, 2, 1))))
     finally:
         setattr(mod, name, orig)
-    if rows:
-        print("  best:", min(rows))
 
 
 def main() -> None:

@@ -119,7 +119,7 @@ def _kernel():
     return _KERNEL
 
 
-def block_k(K: int, dtype: torch.dtype = torch.bfloat16) -> int:
+def block_k(K: int, dtype: torch.dtype) -> int:
     """K-block of one program: at least 16 (``tl.dot``). fp16/bf16 with ``64 < K <= 128``: the whole K in
     one block (each program then computes its chunk's ``do vᵀ`` once, not per block: 464 µs vs 511 µs at
     the best 64-wide configuration, B1 T8192 H16 HV32 K=V=128 on the H200, benchmarks/tune_gdn_bwd.py);
