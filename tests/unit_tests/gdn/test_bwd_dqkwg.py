@@ -221,8 +221,8 @@ def test_gpu_head_dim_100():
 @COMPILE_ONLY_MARKS[1]
 def test_kernels_compile_for_gpu():
     """The three backward stage kernels at Qwen3-Next sizes (H = 16, HV = 32, K = V = 128, fp16 and its
-    bf16 twin) build for sm_90 with every autotune config, within shared memory and without spills, but
-    dqkwg's 128-wide K block (``DQKWG_BK128_SPILL``)."""
+    bf16 twin) build for sm_90 with every autotune config (dqkwg's bf16 128-wide K block for sm_80 too), within
+    shared memory and without spills, but dqkwg's 128-wide K block (``DQKWG_BK128_SPILL``)."""
     from mindspeed_ops import compile_check as cc
     from mindspeed_ops.api.triton.chunk_bwd_dv_local import chunk_bwd_dv_local
     from mindspeed_ops.api.triton.chunk_gated_delta_rule_bwd_dhu import chunk_gated_delta_rule_bwd_dhu
@@ -239,6 +239,8 @@ def test_kernels_compile_for_gpu():
     assert {la.qualname for la in launches} == {"chunk_bwd_dv_local_kernel", "chunk_bwd_dhu_kernel",
                                                 "chunk_bwd_dqkwg_kernel"}
     results = cc.compile_launches(launches + [cc.as_bf16(la) for la in launches[:1]], archs=(90,), jobs=2)
+    # A100 (sm_80): dqkwg's 128-wide K block in bf16 (the configuration the H200 sweep chose)
+    results += cc.compile_launches([cc.as_bf16(la) for la in launches if "BK=128" in la.label()], archs=(80,), jobs=2)
     bad = [f"{r.launch.label()} sm_{r.arch}: {r.summary}" for r in results if not r.ok]
     assert not bad, "\n".join(bad)
     for r in results:
