@@ -25,14 +25,17 @@ def fwd_config(BT: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, i
     """``(BK, BV, num_warps, num_stages)`` of the forward kernel."""
     if dtype == torch.float32:  # IEEE fp32 products run on the FMA units: smaller tiles, no pipelining (no spills)
         return min(32, key_tile(K)), min(32, value_tile(V)), 4, 1
-    return _tensor_core_tiles(K, V) + (4, 2)
+    return _tensor_core_tiles(K, V) + (4, 3)  # H200 sweep (benchmarks/tune_gdn_bwd.py): 80 vs 90 µs at 2 stages
 
 
 def bwd_config(BT: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
     """``(BK, BV, num_warps, num_stages)`` of the backward kernel."""
     if dtype == torch.float32:
         return min(32, key_tile(K)), min(32, value_tile(V)), 8, 1
-    return _tensor_core_tiles(K, V) + (4 if BT < 64 else 8, 3)
+    t = _tensor_core_tiles(K, V)
+    # H200 sweep (tune_gdn_bwd.py, BT = 64): 4 warps 377 vs 537 µs at 8 with 64-wide tiles; with 32-wide
+    # tiles 4 warps gave wrong dk (rel-RMS 3.5e-2 at K = 32, V = 24) or inf (triton 3.6): 8 there
+    return t + (4 if BT < 64 or t[0] >= 64 else 8, 3)
 
 
 def _tensor_core_tiles(K: int, V: int) -> tuple[int, int]:
