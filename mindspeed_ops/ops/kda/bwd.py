@@ -217,12 +217,18 @@ def intra_bwd_forward(q, k, gk, beta, dAq, dAm, dq, dk, dg, db, cu_host, cu_seql
     NT, cu, idx = chunk_table(INTRA_OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, dev)
     if NT and B and HV and K:
         dummy = qq
+        BK, nw = intra_bwd_config(K, kk.dtype)
         kda_bwd_intra_kernel[(NT * B * HV,)](
             qq, kk, gg, bb, dAq, dAm, dq, dk, dg, db, dummy if cu is None else cu, dummy if idx is None else idx,
             T, B * HV, HV, HV // H, *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *bb.stride(),
             *dAq.stride()[:3], *dq.stride()[:3], *db.stride(),
-            K=K, BT=BT, BK=_block_k(K, 32), IS_VARLEN=idx is not None, num_warps=8)
+            K=K, BT=BT, BK=BK, IS_VARLEN=idx is not None, num_warps=nw)
     return dq, dk, dg, db
+
+
+def intra_bwd_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
+    """``(BK, num_warps)`` of ``kda_bwd_intra_kernel``."""
+    return _block_k(K, 32), 8
 
 
 def chunk_kda_bwd_intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor, dAq: torch.Tensor,

@@ -346,7 +346,9 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
     Per 16-row block ``a`` starting at ``r``: the row sums over earlier columns use the reference ``r``
     (``e^{G_i − G_r}`` x ``e^{G_r − G_j}``); the column sums over later rows use the reference ``r + 16``,
     the first row of those rows (``e^{G_i − G_{r+16}}`` x ``e^{G_{r+16} − G_j}``); pairs inside the block
-    get the exact masked exponential from one ``[16, 16, BK]`` per-pair tensor (``_diag_decay``)."""
+    get the exact masked exponential, one block row at a time on ``[16, BK]`` tiles, with no reductions
+    (a ``[16, 16, BK]`` per-pair tensor and its 3D sums made this kernel 7.6 of a 13 ms KDA training step
+    at T = 8192, H200)."""
     i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
     start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
     o = tl.arange(0, BT)
@@ -373,12 +375,6 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
             mcol = vi[:, None] & valid[None, :] & (o[None, :] >= (bi + 1) * 16)
             b_aqt = tl.load(aq_base + rows[None, :] * s_at + (bi * 16 + o16)[:, None], mask=mcol, other=0.0)
             b_amt = tl.load(am_base + rows[None, :] * s_at + (bi * 16 + o16)[:, None], mask=mcol, other=0.0)
-            # the block's own 16x16 coefficients (j <= i for dAq, j < i for dAm)
-            md = vi[:, None] & vi[None, :]
-            b_aqd = tl.load(aq_base + ri[:, None] * s_at + (bi * 16 + o16)[None, :],
-                            mask=md & (o16[:, None] >= o16[None, :]), other=0.0)
-            b_amd = tl.load(am_base + ri[:, None] * s_at + (bi * 16 + o16)[None, :],
-                            mask=md & (o16[:, None] > o16[None, :]), other=0.0)
             r1 = r0 + 16
             r1_ok = r1 < eos
             b_dbi = tl.zeros([16], dtype=tl.float32)
@@ -410,13 +406,29 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
                     e1 = _masked_exp(b_g - g_r1[None, :], mz)
                     fac = _masked_exp(g_r1[None, :] - b_ga, mi & r1_ok)
                     b_C += fac * (_dot(b_aqt, b_q * e1, DT) + _dot(b_amt, b_k * e1 * b_beta[:, None], DT))
-                # pairs inside the block: exact per-pair exponentials
-                e3 = _diag_decay(b_ga, mi, True)
-                ka3 = b_ka[None, :, :] * e3
-                b_Rq += tl.sum(b_aqd[:, :, None] * ka3, 1)
-                b_Rk += tl.sum(b_amd[:, :, None] * ka3, 1)
-                b_C += tl.sum(e3 * (b_aqd[:, :, None] * b_qa[:, None, :]
-                                    + b_amd[:, :, None] * (b_bi[:, None] * b_ka)[:, None, :]), 0)
+                # pairs inside the block, exact per-pair exponentials, one block row t at a time and no
+                # reductions: t as the column j of Rq/Rk (rows i >= t) and as the row i of C (rows j <= t)
+                for t in range(16):
+                    r_t = r0 + t
+                    mt = dm & (r_t < eos)
+                    k_t = tl.load(k_base + r_t * s_kt + d, mask=mt, other=0.0).to(tl.float32)
+                    q_t = tl.load(q_base + r_t * s_qt + d, mask=mt, other=0.0).to(tl.float32)
+                    g_t = tl.load(g_base + r_t * s_gt + d, mask=mt, other=0.0).to(tl.float32)
+                    b_t = tl.load(beta_ptr + i_b * s_bb + r_t * s_bt + i_h * s_bh, mask=r_t < eos,
+                                  other=0.0).to(tl.float32)
+                    # column t and row t of the block's coefficients (j <= i for dAq, j < i for dAm)
+                    c_t = bi * 16 + t
+                    aq_c = tl.load(aq_base + ri * s_at + c_t, mask=vi & (o16 >= t) & (r_t < eos), other=0.0)
+                    am_c = tl.load(am_base + ri * s_at + c_t, mask=vi & (o16 > t) & (r_t < eos), other=0.0)
+                    aq_r = tl.load(aq_base + r_t * s_at + bi * 16 + o16, mask=(o16 <= t) & (r_t < eos), other=0.0)
+                    am_r = tl.load(am_base + r_t * s_at + bi * 16 + o16, mask=(o16 < t) & (r_t < eos), other=0.0)
+                    m_lo = mi & (o16 >= t)[:, None] & mt[None, :]
+                    e_c = _masked_exp(b_ga - g_t[None, :], m_lo) * k_t[None, :]
+                    b_Rq += aq_c[:, None] * e_c
+                    b_Rk += am_c[:, None] * e_c
+                    m_up = mi & (o16 <= t)[:, None] & mt[None, :]
+                    e_r = _masked_exp(g_t[None, :] - b_ga, m_up)
+                    b_C += e_r * (aq_r[:, None] * q_t[None, :] + (am_r * b_t)[:, None] * k_t[None, :])
                 x_off = i_b * s_xb + i_h * s_xh + ri[:, None] * s_xt + d[None, :]
                 b_dq = tl.load(dq_ptr + x_off, mask=mi, other=0.0) + b_Rq
                 b_dk = tl.load(dk_ptr + x_off, mask=mi, other=0.0) + b_bi[:, None] * b_Rk + b_C

@@ -1,0 +1,65 @@
+"""Launch configurations of KDA's intra-chunk backward (``kda_bwd_intra_kernel``, the largest kernel of a
+KDA training step) at one shape: median us (``triton.testing.do_bench``) per ``(BK, warps)``, each checked
+against the default configuration's output (rel-RMS).
+
+    python3 benchmarks/tune_kda.py [--T 8192] [--H 16] [--HV 32] [--K 128]
+    python3 benchmarks/tune_kda.py --device cpu --T 128 --H 2 --HV 4 --K 32   # script check
+
+Inputs: unit q/k, per-channel ``g = logsigmoid`` and its chunk-local cumsum ``G``, sigmoid beta, random
+``dAq``/``dAm`` (only their valid triangles are read). The kernel adds to its dq/dk/dg/db buffers in
+place, so each timed run starts from fresh copies; their copy time is printed first.
+"""
+import argparse
+import itertools
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tune_gdn_bwd import _sweep, _time  # noqa: E402
+
+from mindspeed_ops.ops.gdn import cumsum  # noqa: E402
+from mindspeed_ops.ops.kda import bwd  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--T", type=int, default=8192)
+    ap.add_argument("--H", type=int, default=16)
+    ap.add_argument("--HV", type=int, default=32)
+    ap.add_argument("--K", type=int, default=128)
+    ap.add_argument("--device", default="cuda", help="cpu: a check of the script itself (TRITON_INTERPRET=1)")
+    a = ap.parse_args()
+    dev, BT = a.device, 64
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    torch.manual_seed(0)
+    B, T, H, HV, K = 1, a.T, a.H, a.HV, a.K
+    q = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, K, device=dev))
+    G = cumsum.forward(g, BT, False, None, None, None, torch.float32, None)
+    beta = torch.rand(B, T, HV, device=dev).to(dt)
+    dAq, dAm = (torch.randn(B, T, HV, BT, device=dev) for _ in range(2))
+    bufs = [torch.randn(B, T, HV, K, device=dev) for _ in range(3)] + [torch.randn(B, T, HV, device=dev)]
+    print(f"B=1 T={T} H={H} HV={HV} K={K} BT={BT} {dt}; torch {torch.__version__}", flush=True)
+
+    def fresh():
+        return [b.clone() for b in bufs]
+
+    def run():
+        return bwd.intra_bwd_forward(q, k, G, beta, dAq, dAm, *fresh(), None, None)
+
+    print(f"copying dq/dk/dg/db (included below): {_time(fresh, dev):.1f} us", flush=True)
+    orig = bwd.intra_bwd_config
+    print(f"kda_bwd_intra: default {orig(K, dt)}: {_time(run, dev):8.1f} us", flush=True)
+    ref = run()
+    try:
+        _sweep(run, ref, dev, ("BK", "warps"), lambda bk, nw: setattr(bwd, "intra_bwd_config", lambda *_: (bk, nw)),
+               list(itertools.product((32, 64, 16), (4, 8, 2))))
+    finally:
+        bwd.intra_bwd_config = orig
+
+
+if __name__ == "__main__":
+    main()
