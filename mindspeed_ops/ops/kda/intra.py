@@ -1,8 +1,8 @@
 """``chunk_kda_fwd_intra`` (SPEC 1.11.1): the intra-chunk forward of KDA.
 
-``M`` comes from GDN's per-channel ``chunk_scaled_dot_kkt_fwd`` (``gk``), ``Akk = (I + M)^{-1}`` from GDN's
-``solve_tril``, ``w, u`` from GDN's ``recompute_w_u_fwd`` (``gk``); only ``Aqk`` (and the elementwise
-``qg``, ``kg``) needs a KDA kernel (``kda_aqk_fwd_kernel``).
+``Aqk`` and ``M`` (GDN's per-channel ``chunk_scaled_dot_kkt_fwd`` product) come from one KDA kernel
+(``kda_aqk_fwd_kernel``, which also writes the elementwise ``qg``, ``kg``); ``Akk = (I + M)^{-1}`` from GDN's
+``solve_tril``, ``w, u`` from GDN's ``recompute_w_u_fwd`` (``gk``).
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import torch
 
 from ... import triton_utils as tu
 from ..common import unit_last_stride
-from ..gdn.kkt import forward as _kkt_forward
 from ..gdn.solve_tril import forward as _solve_forward
 from ..gdn.wy_fast import forward as _wy_forward
 from ..gdn.common import chunk_table, row_factor_pair_args, use_triton
@@ -22,19 +21,22 @@ from . import reference as _ref
 OP = "chunk_kda_fwd_intra"
 
 
-def _block_k(K: int) -> int:
-    """Key tile of the Aqk kernel: 16 or 32 (``tl.dot`` needs >= 16; the per-pair ``[16, 16, BK]`` tensor
-    of the diagonal block spills at 64 with 4 warps on sm_90)."""
-    return max(16, min(32, tu.next_power_of_2(K)))
+def aqk_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
+    """``(BK, num_warps)`` of the Aqk (and M) kernel; BK in [16, 32] (``tl.dot`` needs >= 16). fp32 at 8 warps:
+    at 4 it spills ~5 KB on sm_90 (compile-only check)."""
+    return max(16, min(32, tu.next_power_of_2(K))), 8 if dtype == torch.float32 else 4
 
 
 def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float, cu_host: Optional[list],
                 cu_seqlens: Optional[torch.Tensor], BT: int, chunk_indices: Optional[torch.Tensor] = None, *,
                 store_a: bool = True, store_qg: bool = False, store_kg: bool = False,
-                rq: Optional[torch.Tensor] = None, rk: Optional[torch.Tensor] = None):
+                rq: Optional[torch.Tensor] = None, rk: Optional[torch.Tensor] = None,
+                beta: Optional[torch.Tensor] = None):
     """Launch of ``kda_aqk_fwd_kernel`` (arguments validated): ``(Aqk in k.dtype or None, qg in q.dtype or
-    None, kg in k.dtype or None)``, tail rows 0. ``rq``, ``rk`` (both or neither, ``[B, T, H]`` fp32, one
-    layout): q, k are raw and every product uses their l2norm ``rstd·q``, ``rstd·k``."""
+    None, kg in k.dtype or None, M fp32 or None)``, tail rows 0. ``rq``, ``rk`` (both or neither,
+    ``[B, T, H]`` fp32, one layout): q, k are raw and every product uses their l2norm ``rstd·q``, ``rstd·k``.
+    ``beta [B, T, HV]`` (with ``store_a``): also ``M`` (GDN's per-channel kkt, ``[B, T, HV, BT]``) from the
+    same loads and exponentials."""
     from .triton_kernels import kda_aqk_fwd_kernel
 
     B, T, H, K = k.shape
@@ -44,8 +46,9 @@ def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float
     A = torch.empty(B, T, HV, BT, dtype=tu.kernel_dtype(k.dtype), device=dev) if store_a else None
     qg = torch.empty(B, T, HV, K, dtype=tu.kernel_dtype(q.dtype), device=dev) if store_qg else None
     kg = torch.empty(B, T, HV, K, dtype=tu.kernel_dtype(k.dtype), device=dev) if store_kg else None
+    M = torch.empty(B, T, HV, BT, dtype=torch.float32, device=dev) if beta is not None and store_a else None
     if cu_host is not None and cu_host[-1] < T:
-        for t in (A, qg, kg):
+        for t in (A, qg, kg, M):
             if t is not None:
                 t[:, cu_host[-1]:].zero_()  # tail rows take part in nothing
     NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, dev)
@@ -53,27 +56,34 @@ def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float
         dummy = kk
         z3 = (0, 0, 0)
         rq_ptr, rk_ptr, *sr = row_factor_pair_args("chunk_kda_fwd_intra", rq, rk, dummy)
+        BK, nw = aqk_config(K, kk.dtype)
+        m_args = {}
+        if M is not None:
+            bb = tu.kernel_input(beta)
+            m_args = dict(m_ptr=M, beta_ptr=bb, s_mb=M.stride(0), s_mt=M.stride(1), s_mh=M.stride(2),
+                          s_bb=bb.stride(0), s_bt=bb.stride(1), s_bh=bb.stride(2), STORE_M=True)
         kda_aqk_fwd_kernel[(NT * B * HV,)](
             qq, kk, gg, dummy if A is None else A, dummy if qg is None else qg, dummy if kg is None else kg,
             dummy if cu is None else cu, dummy if idx is None else idx, rq_ptr, rk_ptr,
             T, B * HV, HV, HV // H, float(scale),
             *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *(A.stride()[:3] if A is not None else z3),
             *(qg.stride()[:3] if qg is not None else z3), *(kg.stride()[:3] if kg is not None else z3), *sr,
-            K=K, BT=BT, BK=_block_k(K), STORE_A=store_a, STORE_QG=store_qg, STORE_KG=store_kg,
-            IS_VARLEN=idx is not None, HAS_R=rq is not None, num_warps=4)
-    return tuple(None if t is None else tu.finish(t, dt) for t, dt in ((A, k.dtype), (qg, q.dtype), (kg, k.dtype)))
+            K=K, BT=BT, BK=BK, STORE_A=store_a, STORE_QG=store_qg, STORE_KG=store_kg,
+            IS_VARLEN=idx is not None, HAS_R=rq is not None, num_warps=nw, **m_args)
+    return tuple(None if t is None else tu.finish(t, dt) for t, dt in ((A, k.dtype), (qg, q.dtype), (kg, k.dtype),
+                                                                       (M, torch.float32)))
 
 
 def forward(q, k, v, gk, beta, scale: float, cu_host, cu_seqlens, BT: int, chunk_indices=None, *,
             output_qg: bool = False, output_kg: bool = True, rq=None, rk=None):
     """Triton path of :func:`chunk_kda_fwd_intra` (arguments validated): ``(w, u, qg, kg, Aqk, Akk)``;
     ``rq``, ``rk``: see :func:`aqk_forward`."""
-    HV = v.shape[2]
-    M = _kkt_forward(k, None, gk, beta, HV, cu_host, cu_seqlens, BT, torch.float32, chunk_indices, rk=rk)
+    # Aqk and M (GDN's per-channel kkt) from one kernel: same loads, same exponentials
+    Aqk, qg, kg, M = aqk_forward(q, k, gk, scale, cu_host, cu_seqlens, BT, chunk_indices, store_qg=output_qg,
+                                 store_kg=output_kg, rq=rq, rk=rk, beta=beta)
     Akk = _solve_forward(M, cu_host, cu_seqlens, k.dtype, chunk_indices)
+    del M
     w, u = _wy_forward(k, v, beta, Akk, None, gk, cu_host, cu_seqlens, chunk_indices, rk=rk)
-    Aqk, qg, kg = aqk_forward(q, k, gk, scale, cu_host, cu_seqlens, BT, chunk_indices, store_qg=output_qg,
-                              store_kg=output_kg, rq=rq, rk=rk)
     return w, u, qg, kg, Aqk, Akk
 
 

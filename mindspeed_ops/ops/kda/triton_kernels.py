@@ -29,20 +29,6 @@ def _masked_exp(x, m):
     return tl.where(m, tl.exp(tl.where(m, x, 0.0)), 0.0)
 
 
-@triton.jit
-def _diag_decay(b_g, mi, INCLUSIVE: tl.constexpr):
-    """``E[i, j, d] = e^{G_{i,d} − G_{j,d}}`` for pairs of one 16-row block (``b_g [16, BK]``, ``mi`` its
-    valid mask), ``j ≤ i`` (``INCLUSIVE``) or ``j < i``, 0 elsewhere; the difference is masked before
-    the exp (argument ``≤ 0`` for non-positive gates)."""
-    o16 = tl.arange(0, 16)
-    if INCLUSIVE:
-        pair = o16[:, None] >= o16[None, :]
-    else:
-        pair = o16[:, None] > o16[None, :]
-    m = pair[:, :, None] & mi[:, None, :] & mi[None, :, :]
-    return _masked_exp(b_g[:, None, :] - b_g[None, :, :], m)
-
-
 # ------------------------------------------------------------------------------------------------
 # chunk_kda_fwd_intra (SPEC 1.11.1): Aqk, and the elementwise qg / kg
 # ------------------------------------------------------------------------------------------------
@@ -53,14 +39,18 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                        s_xb, s_xt, s_xh, s_yb, s_yt, s_yh, s_rb, s_rt, s_rh,
                        K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, STORE_A: tl.constexpr,
                        STORE_QG: tl.constexpr, STORE_KG: tl.constexpr, IS_VARLEN: tl.constexpr,
-                       HAS_R: tl.constexpr = False):
+                       HAS_R: tl.constexpr = False, m_ptr=None, beta_ptr=None, s_mb=0, s_mt=0, s_mh=0,
+                       s_bb=0, s_bt=0, s_bh=0, STORE_M: tl.constexpr = False):
     """``Aqk[i, j] = scale·Σ_d q_{i,d} k_{j,d} e^{G_{i,d} − G_{j,d}}`` for ``j ≤ i`` (valid), else 0, of one
-    chunk and value head (``STORE_A``); ``qg = q ⊙ e^{G}`` (``STORE_QG``) and ``kg = k ⊙ e^{Γ − G}``
+    chunk and value head (``STORE_A``); with ``STORE_M`` (needs ``STORE_A``) also
+    ``M[i, j] = β_i Σ_d k_{i,d} k_{j,d} e^{G_{i,d} − G_{j,d}}`` for ``j < i`` (fp32; GDN's per-channel kkt),
+    sharing every load and exponential; ``qg = q ⊙ e^{G}`` (``STORE_QG``) and ``kg = k ⊙ e^{Γ − G}``
     (``STORE_KG``, ``Γ`` = ``G`` at the chunk's last valid row).
 
-    Rows in 16-row blocks starting at ``r``: columns of earlier blocks (``j < r``) by one ``tl.dot`` of
-    ``q_i e^{G_i − G_r}`` with ``k_j e^{G_r − G_j}``; the diagonal 16x16 block from the exact per-pair
-    ``[16, 16, BK]`` tensor of masked ``e^{G_i − G_j}`` (``_diag_decay``), stored apart from the rest."""
+    Rows in 16-row blocks starting at ``r``: columns of earlier blocks (``j < r``) by ``tl.dot`` of
+    ``q_i e^{G_i − G_r}`` (``k_i e^{G_i − G_r}``) with ``k_j e^{G_r − G_j}``; the diagonal 16x16 block one
+    column ``t`` at a time, with the exact masked ``e^{G_i − G_t}`` on a ``[16, BK]`` tile (no per-pair
+    ``[16, 16, BK]`` tensor), stored apart from the rest."""
     i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
     start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
     o = tl.arange(0, BT)
@@ -81,6 +71,8 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
             vi = ri < eos
             acc = tl.zeros([16, BT], dtype=tl.float32)
             b_d = tl.zeros([16, 16], dtype=tl.float32)
+            acc_m = tl.zeros([16, BT], dtype=tl.float32)
+            b_dm = tl.zeros([16, 16], dtype=tl.float32)
             if r0 < eos:
                 for i_k in range((K + BK - 1) // BK):
                     d = i_k * BK + tl.arange(0, BK)
@@ -91,23 +83,48 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                     b_g = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
                     if bi > 0:
                         g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
-                        q_i = b_q * _masked_exp(b_g - g_r[None, :], mi)
+                        fac = _masked_exp(b_g - g_r[None, :], mi)
                         mj = dm[:, None] & ((o < bi * 16) & col_ok)[None, :]
                         b_kt = tl.load(k_base + cols[None, :] * s_kt + d[:, None], mask=mj, other=0.0).to(tl.float32)
                         b_gt = tl.load(g_base + cols[None, :] * s_gt + d[:, None], mask=mj, other=0.0).to(tl.float32)
-                        acc += _dot(q_i, b_kt * _masked_exp(g_r[:, None] - b_gt, mj), DT)
-                    b_d += tl.sum(b_q[:, None, :] * b_k[None, :, :] * _diag_decay(b_g, mi, True), 2)
+                        b_kj = b_kt * _masked_exp(g_r[:, None] - b_gt, mj)
+                        acc += _dot(b_q * fac, b_kj, DT)
+                        if STORE_M:
+                            acc_m += _dot(b_k * fac, b_kj, DT)
+                    for t in range(16):
+                        r_t = r0 + t
+                        mt = dm & (r_t < eos)
+                        k_t = tl.load(k_base + r_t * s_kt + d, mask=mt, other=0.0).to(tl.float32)
+                        g_t = tl.load(g_base + r_t * s_gt + d, mask=mt, other=0.0).to(tl.float32)
+                        e_c = _masked_exp(b_g - g_t[None, :], mi & (o16 >= t)[:, None] & mt[None, :]) * k_t[None, :]
+                        at_t = o16[None, :] == t
+                        b_d += tl.where(at_t, tl.sum(b_q * e_c, 1)[:, None], 0.0)
+                        if STORE_M:
+                            b_dm += tl.where(at_t, tl.sum(b_k * e_c, 1)[:, None], 0.0)
             # earlier columns from acc (zeros after them), the diagonal block from b_d: disjoint stores
             keep = vi[:, None] & col_ok[None, :] & (o[None, :] < bi * 16)
+            off_diag = vi[:, None] & ((o < bi * 16) | (o >= bi * 16 + 16))[None, :]
             if HAS_R:
                 r_i = _row_factor(rq_base, ri, vi, s_rt)
-                acc = acc * (r_i[:, None] * _row_factor(rk_base, cols, col_ok, s_rt)[None, :])
-                b_d = b_d * (r_i[:, None] * _row_factor(rk_base, ri, vi, s_rt)[None, :])
+                rk_i = _row_factor(rk_base, ri, vi, s_rt)
+                rk_j = _row_factor(rk_base, cols, col_ok, s_rt)
+                acc = acc * (r_i[:, None] * rk_j[None, :])
+                b_d = b_d * (r_i[:, None] * rk_i[None, :])
+                if STORE_M:
+                    acc_m = acc_m * (rk_i[:, None] * rk_j[None, :])
+                    b_dm = b_dm * (rk_i[:, None] * rk_i[None, :])
             acc = tl.where(keep, acc * scale, 0.0)
-            tl.store(a_base + ri[:, None] * s_at + o[None, :], acc.to(a_ptr.dtype.element_ty),
-                     mask=vi[:, None] & ((o < bi * 16) | (o >= bi * 16 + 16))[None, :])
+            tl.store(a_base + ri[:, None] * s_at + o[None, :], acc.to(a_ptr.dtype.element_ty), mask=off_diag)
             tl.store(a_base + ri[:, None] * s_at + (bi * 16 + o16)[None, :], (b_d * scale).to(a_ptr.dtype.element_ty),
                      mask=vi[:, None])
+            if STORE_M:
+                m_base = m_ptr + i_b * s_mb + i_h * s_mh
+                b_bi = tl.load(beta_ptr + i_b * s_bb + ri * s_bt + i_h * s_bh, mask=vi, other=0.0).to(tl.float32)
+                acc_m = tl.where(keep, acc_m * b_bi[:, None], 0.0)
+                b_dm = tl.where(vi[:, None] & (o16[:, None] > o16[None, :]), b_dm * b_bi[:, None], 0.0)
+                tl.store(m_base + ri[:, None] * s_mt + o[None, :], acc_m.to(m_ptr.dtype.element_ty), mask=off_diag)
+                tl.store(m_base + ri[:, None] * s_mt + (bi * 16 + o16)[None, :], b_dm.to(m_ptr.dtype.element_ty),
+                         mask=vi[:, None])
     if STORE_QG or STORE_KG:
         valid = col_ok
         last = tl.minimum(eos - start, BT) - 1

@@ -1,0 +1,50 @@
+"""Compile-only check (DESIGN 7) of every kernel a KDA training step launches: the operator's forward and
+backward recorded dry at a real size under the interpreter (GVA 16/32 heads, K = V = 128, with and without
+the in-kernel l2norm, varlen), built for sm_90 (every dtype) and sm_80 (bf16) with Triton's NVIDIA backend:
+catches tl.dot shapes, shared memory and register spills before a GPU does."""
+import pytest
+import torch
+
+from mindspeed_ops import compile_check as cc
+from mindspeed_ops.api import chunk_kda
+from tests.conftest import COMPILE_ONLY_MARKS
+
+pytestmark = COMPILE_ONLY_MARKS
+
+#: spill bytes allowed on sm_90 per kernel (16-bit inputs; fp32 builds are not bounded, their IEEE products
+#: run on the FMA units with larger register tiles). 0 for every kernel not listed.
+SPILL_ALLOWED = {}
+
+
+def _launches():
+    T, H, HV, K = 4096, 16, 32, 128
+    with cc.Recorder(dry=True) as rec:
+        for dt in (torch.float32, torch.float16):
+            for l2, cu in ((True, None), (False, torch.tensor([0, 1000, 2500, T]))):
+                q, k = (torch.empty(1, T, H, K, dtype=dt, requires_grad=True) for _ in range(2))
+                v = torch.empty(1, T, HV, K, dtype=dt, requires_grad=True)
+                g = torch.empty(1, T, HV, K, dtype=dt, requires_grad=True)
+                beta = torch.empty(1, T, HV, dtype=dt, requires_grad=True)
+                o, _ = chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=l2, cu_seqlens=cu)
+                o.backward(torch.empty_like(o))
+    launches = cc.dedupe(rec.launches)
+    return launches, [cc.as_bf16(la) for la in launches if "*fp16" in la.signature.values()]
+
+
+def test_kda_kernels_compile_for_gpu():
+    launches, bf16 = _launches()
+    names = {la.qualname for la in launches}
+    for kernel in ("kda_aqk_fwd_kernel", "kda_bwd_intra_kernel", "kda_bwd_wy_dqkg_kernel", "kda_fwd_o_kernel"):
+        assert kernel in names, names
+    assert any("STORE_M=True" in la.label() for la in launches)  # Aqk and M from one kernel
+    results = cc.compile_launches(launches + bf16, archs=(90,), jobs=2)
+    results += cc.compile_launches(bf16, archs=(80,), jobs=2)
+    bad = [f"{r.launch.label()} sm_{r.arch}: {r.summary}" for r in results if not r.ok]
+    assert not bad, "\n".join(bad)
+    spills = []
+    for r in results:
+        assert r.shared is not None and r.shared <= cc.SHARED_LIMIT[r.arch]
+        sig = " ".join(str(v) for v in r.launch.signature.values())
+        if r.arch == 90 and "*fp32" not in sig.split()[0:2] and r.spill_stores > SPILL_ALLOWED.get(r.launch.qualname, 0):
+            spills.append(f"{r.launch.qualname} {r.launch.label()[-60:]}: {r.spill_stores} bytes")
+    assert not spills, "\n".join(spills)
