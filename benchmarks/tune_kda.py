@@ -1,8 +1,9 @@
-"""Launch configurations of KDA's intra-chunk backward (``kda_bwd_intra_kernel``, the largest kernel of a
-KDA training step) at one shape: median us (``triton.testing.do_bench``) per ``(BK, warps)``, each checked
-against the default configuration's output (rel-RMS).
+"""Launch configurations of KDA's two largest kernels at one shape: the intra-chunk backward
+(``kda_bwd_intra_kernel``, ``bwd.intra_bwd_config``) and the forward's Aqk + M kernel (``kda_aqk_fwd_kernel``,
+``intra.aqk_config``): median us (``triton.testing.do_bench``) per ``(BK, warps)``, each checked against the
+default configuration's output (rel-RMS).
 
-    python3 benchmarks/tune_kda.py [--T 8192] [--H 16] [--HV 32] [--K 128]
+    python3 benchmarks/tune_kda.py [--T 8192] [--H 16] [--HV 32] [--K 128] [--only intra_bwd aqk]
     python3 benchmarks/tune_kda.py --device cpu --T 128 --H 2 --HV 4 --K 32   # script check
 
 Inputs: unit q/k, per-channel ``g = logsigmoid`` and its chunk-local cumsum ``G``, sigmoid beta, random
@@ -20,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tune_gdn_bwd import _sweep, _time  # noqa: E402
 
 from mindspeed_ops.ops.gdn import cumsum  # noqa: E402
-from mindspeed_ops.ops.kda import bwd  # noqa: E402
+from mindspeed_ops.ops.kda import bwd, intra  # noqa: E402
 
 
 def main() -> None:
@@ -29,6 +30,7 @@ def main() -> None:
     ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--HV", type=int, default=32)
     ap.add_argument("--K", type=int, default=128)
+    ap.add_argument("--only", nargs="+", default=["intra_bwd", "aqk"], choices=["intra_bwd", "aqk"])
     ap.add_argument("--device", default="cuda", help="cpu: a check of the script itself (TRITON_INTERPRET=1)")
     a = ap.parse_args()
     dev, BT = a.device, 64
@@ -44,22 +46,31 @@ def main() -> None:
     bufs = [torch.randn(B, T, HV, K, device=dev) for _ in range(3)] + [torch.randn(B, T, HV, device=dev)]
     print(f"B=1 T={T} H={H} HV={HV} K={K} BT={BT} {dt}; torch {torch.__version__}", flush=True)
 
-    def fresh():
-        return [b.clone() for b in bufs]
+    configs = list(itertools.product((32, 64, 16), (4, 8, 2)))
+    if "intra_bwd" in a.only:
+        def fresh():
+            return [b.clone() for b in bufs]
 
-    def run():
-        return bwd.intra_bwd_forward(q, k, G, beta, dAq, dAm, *fresh(), None, None)
+        def run():
+            return bwd.intra_bwd_forward(q, k, G, beta, dAq, dAm, *fresh(), None, None)
 
-    print(f"copying dq/dk/dg/db (included below): {_time(fresh, dev):.1f} us", flush=True)
-    orig = bwd.intra_bwd_config
-    print(f"kda_bwd_intra: default {orig(K, dt)}: {_time(run, dev):8.1f} us", flush=True)
+        print(f"copying dq/dk/dg/db (included below): {_time(fresh, dev):.1f} us", flush=True)
+        _tune(bwd, "intra_bwd_config", run, dev, K, dt, configs)
+    if "aqk" in a.only:
+        def run_aqk():
+            return intra.aqk_forward(q, k, G, K ** -0.5, None, None, BT, None, beta=beta)
+
+        _tune(intra, "aqk_config", run_aqk, dev, K, dt, configs)
+
+
+def _tune(mod, name, run, dev, K, dt, configs):
+    orig = getattr(mod, name)
+    print(f"{name}: default {orig(K, dt)}: {_time(run, dev):8.1f} us", flush=True)
     ref = run()
     try:
-        _sweep(run, ref, dev, ("BK", "warps"), lambda bk, nw: setattr(bwd, "intra_bwd_config", lambda *_: (bk, nw)),
-               list(itertools.product((32, 64, 16), (4, 8, 2))))
+        _sweep(run, ref, dev, ("BK", "warps"), lambda bk, nw: setattr(mod, name, lambda *_: (bk, nw)), configs)
     finally:
-        bwd.intra_bwd_config = orig
-
+        setattr(mod, name, orig)
 
 if __name__ == "__main__":
     main()
