@@ -37,7 +37,10 @@ def chunk_table(op: str, cu_host: Optional[list], cu_seqlens: Optional[torch.Ten
         if tuple(chunk_indices.shape) != (nt, 2):
             raise ValueError(f"{op}: chunk_indices must have shape [NT, 2] = [{nt}, 2] for chunk_size {BT}, "
                              f"got {shape_str(chunk_indices.shape)}")
-    cu, idx = cu_seqlens.contiguous(), chunk_indices.contiguous()  # the kernels index both as flat arrays
+    # flat arrays of one dtype each (int64 offsets, int32 table, as device_tables makes them): Triton's
+    # autotuner keys include argument dtypes, so a caller's int32 offsets or int64 table would get a tuning
+    # of their own, possibly another config and another summation order: not bitwise the same (SPEC 0.6)
+    cu, idx = cu_seqlens.to(torch.int64).contiguous(), chunk_indices.to(torch.int32).contiguous()
     if device is not None:  # for a launch: on the kernel's device, queued without draining the stream
         cu, idx = tu.host_to_device(cu, device), tu.host_to_device(idx, device)
     return nt, cu, idx

@@ -68,16 +68,29 @@ def _tile(n: int, M: int) -> tuple[int, int]:
     return NP, max(1, 2048 // (NP * NP))
 
 
+def _wide(n: int, dtype: torch.dtype) -> bool:
+    """16-bit inputs with ``n > 4`` run the fp32 kernels on fp32 copies (the math is fp32 either way): on the
+    H200 the same kernels with bf16 ``mixes`` at n = 8 took 368 vs 67 µs (forward) and 830 vs 210 µs
+    (backward) at 65536 tokens (docs/benchmarks/s8/profile_sinkhorn_*.txt); n = 4 ran as fast in both."""
+    return dtype in (torch.float16, torch.bfloat16) and n > 4
+
+
+def _operands(mixes, hc_scale, hc_base, wide: bool):
+    """``(mixes as [M, W] rows, hc_scale, hc_base)`` as the kernels read them (fp32 copies when ``wide``)."""
+    m = rows_2d(tu.kernel_input(mixes))
+    s, b = tu.kernel_input(hc_scale).contiguous(), tu.kernel_input(hc_base).contiguous()
+    return (m.float(), s.float(), b.float()) if wide else (m, s, b)
+
+
 def forward(mixes, hc_scale, hc_base, hc_mult: int = 4, sinkhorn_iters: int = 20, eps: float = 1e-6):
     from .triton_kernels import sinkhorn_fwd_kernel
 
     n = check_args(mixes, hc_scale, hc_base, hc_mult, sinkhorn_iters, eps)
     lead = mixes.shape[:-1]
-    m = rows_2d(tu.kernel_input(mixes))
+    wide = _wide(n, mixes.dtype)
+    m, s, b = _operands(mixes, hc_scale, hc_base, wide)
     M = m.shape[0]
-    s = tu.kernel_input(hc_scale).contiguous()
-    b = tu.kernel_input(hc_base).contiguous()
-    kd = tu.kernel_dtype(mixes.dtype)
+    kd = torch.float32 if wide else tu.kernel_dtype(mixes.dtype)
     pre = torch.empty(M, n, dtype=kd, device=mixes.device)
     post = torch.empty(M, n, dtype=kd, device=mixes.device)
     comb = torch.empty(M, n, n, dtype=kd, device=mixes.device)
@@ -102,18 +115,17 @@ def backward(dpre, dpost, dcomb, mixes, hc_scale, hc_base, hc_mult: int = 4, sin
     from .triton_kernels import sinkhorn_bwd_kernel
 
     n = hc_mult
-    m = rows_2d(tu.kernel_input(mixes))
+    wide = _wide(n, mixes.dtype)
+    m, s, b = _operands(mixes, hc_scale, hc_base, wide)
     M = m.shape[0]
-    s = tu.kernel_input(hc_scale).contiguous()
-    b = tu.kernel_input(hc_base).contiguous()
-    kd = tu.kernel_dtype(mixes.dtype)
+    kd = torch.float32 if wide else tu.kernel_dtype(mixes.dtype)
     dm = torch.empty(M, (2 + n) * n, dtype=kd, device=mixes.device)
     if not M:
         return (dm.view(mixes.shape).to(mixes.dtype), torch.zeros_like(hc_scale, memory_format=torch.contiguous_format),
                 torch.zeros_like(hc_base, memory_format=torch.contiguous_format))
-    gp = _grad(dpre, M, (n,), m)
-    gq = _grad(dpost, M, (n,), m)
-    gc = _grad(dcomb, M, (n, n), m)
+    gp, gq, gc = (_grad(g, M, tail, m) for g, tail in ((dpre, (n,)), (dpost, (n,)), (dcomb, (n, n))))
+    if wide:
+        gp, gq, gc = gp.float(), gq.float(), gc.float()
     NP, BT = _tile(n, M)
     G = tu.cdiv(M, BT)
     ds = torch.empty(G, 3, dtype=torch.float32, device=mixes.device)

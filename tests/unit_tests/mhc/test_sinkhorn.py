@@ -55,6 +55,20 @@ def test_dtypes(dtype):
     _check(randn((3, 20, 24), dtype, DEVICE, seed=3), s, b, n, 20)
 
 
+@pytest.mark.parametrize("n", [5, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dtypes_wide(dtype, n):
+    """n > 4 with 16-bit inputs runs the fp32 kernels on fp32 copies (sinkhorn._wide): outputs and gradients
+    still in the input dtypes, also for the stride-0 gradients of ``.sum()`` and an unused output."""
+    W = (2 + n) * n
+    s, b = _params(n, dtype, seed=n)
+    _check(randn((3, 20, W), dtype, DEVICE, seed=n), s, b, n, 20)
+    m = randn((7, W), dtype, DEVICE, seed=9).requires_grad_()
+    pre, post, comb = sinkhorn(m, s, b, n, 20)
+    (pre.sum() + comb.sum()).backward()
+    assert m.grad.dtype == dtype and torch.isfinite(m.grad).all()
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # interpreter's exp(+large) = inf: σ -> 0, as on GPU
 def test_saturation_finite():
     for n in (1, 4, 8):
