@@ -5,7 +5,6 @@ picks the implementation (Triton on CUDA, the pure-PyTorch reference on CPU); se
 :mod:`mindspeed_ops.backends` and :func:`use_backend`.
 """
 from .backends import BackendUnavailableError, use_backend
-from . import api  # noqa: E402,F401  registers every operator as torch.ops.mindspeed_ops.<name> (SPEC 2.1)
 
 __version__ = "0.1.0"
 
