@@ -137,13 +137,16 @@ def tune_wy(s, dev, which):
         setattr(mod, name, orig)
 
 
+def shape_args(ap: argparse.ArgumentParser, dims=("T", "H", "HV", "K", "V")) -> None:
+    """The tuned point's dims (defaults: Qwen3-Next's B1 T8192 H16 HV32 K=V=128), shared by the tune scripts."""
+    defaults = {"T": 8192, "H": 16, "HV": 32, "K": 128, "V": 128}
+    for d in dims:
+        ap.add_argument(f"--{d}", type=int, default=defaults[d])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--T", type=int, default=8192)
-    ap.add_argument("--H", type=int, default=16)
-    ap.add_argument("--HV", type=int, default=32)
-    ap.add_argument("--K", type=int, default=128)
-    ap.add_argument("--V", type=int, default=128)
+    shape_args(ap)
     ap.add_argument("--only", nargs="+", default=["dqkwg", "wy_bwd", "wy_fwd"], choices=["dqkwg", "wy_bwd", "wy_fwd"])
     ap.add_argument("--device", default="cuda", help="cpu: a check of the script itself (TRITON_INTERPRET=1, "
                     "small shapes), no timing")

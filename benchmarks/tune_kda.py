@@ -18,7 +18,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tune_gdn_bwd import _sweep, _time  # noqa: E402
+from tune_gdn_bwd import _sweep, _time, shape_args  # noqa: E402
 
 from mindspeed_ops.ops.gdn import cumsum  # noqa: E402
 from mindspeed_ops.ops.kda import bwd, intra  # noqa: E402
@@ -26,10 +26,7 @@ from mindspeed_ops.ops.kda import bwd, intra  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--T", type=int, default=8192)
-    ap.add_argument("--H", type=int, default=16)
-    ap.add_argument("--HV", type=int, default=32)
-    ap.add_argument("--K", type=int, default=128)
+    shape_args(ap, ("T", "H", "HV", "K"))
     ap.add_argument("--only", nargs="+", default=["intra_bwd", "aqk"], choices=["intra_bwd", "aqk"])
     ap.add_argument("--device", default="cuda", help="cpu: a check of the script itself (TRITON_INTERPRET=1)")
     a = ap.parse_args()
