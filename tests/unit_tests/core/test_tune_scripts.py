@@ -1,0 +1,22 @@
+"""The GPU tuning scripts run end to end on CPU (``--device cpu``: the interpreter, tiny shapes, no
+timing), so a device call never finds them broken: every configuration of their sweeps is launched and
+checked against the default's output."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+@pytest.mark.parametrize("args", [
+    ["benchmarks/tune_kda.py", "--T", "64", "--H", "1", "--HV", "2", "--K", "16"],
+    ["benchmarks/tune_gdn_bwd.py", "--T", "64", "--H", "1", "--HV", "2", "--K", "16", "--V", "16", "--only", "wy_bwd"],
+])
+def test_tune_script_runs_on_cpu(args):
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, *args, "--device", "cpu"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "failed" not in out.stdout and "best:" in out.stdout, out.stdout[-3000:]
