@@ -5,6 +5,8 @@ picks the implementation (Triton on CUDA, the pure-PyTorch reference on CPU); se
 :mod:`mindspeed_ops.backends` and :func:`use_backend`.
 """
 from .backends import BackendUnavailableError, use_backend
+# every operator registered as torch.ops.mindspeed_ops.<name> (SPEC 2.1); this loads no triton (triton_utils)
+from . import api  # noqa: E402,F401
 
 __version__ = "0.1.0"
 

@@ -43,7 +43,6 @@ DTYPE_ALIASES = {
 }
 SHORT_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 
-_KERNEL_MODULE_PREFIXES = ("mindspeed_ops.ops.", "mindspeed_ops.triton_utils", "mindspeed_ops.api.")
 
 
 def dtype_short(dtype: torch.dtype) -> str:
@@ -76,8 +75,11 @@ def default_device() -> str:
 
 
 def kernel_modules_loaded() -> list[str]:
-    """Names of already-imported mindspeed_ops modules that may hold ``@triton.jit`` kernels."""
-    return sorted(m for m in sys.modules if m.startswith(_KERNEL_MODULE_PREFIXES))
+    """Names of already-imported modules that hold ``@triton.jit`` functions: triton itself (its language
+    helpers) and mindspeed_ops' kernel modules (``ops/**/triton_*.py``). ``import mindspeed_ops`` loads neither
+    (the launchers import their kernels when first called)."""
+    return sorted(m for m in sys.modules if m == "triton"
+                  or (m.startswith("mindspeed_ops.ops.") and m.rsplit(".", 1)[-1].startswith("triton_")))
 
 
 def prepare_device(device: torch.device | str) -> bool:

@@ -20,20 +20,17 @@ written once for the GPU:
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Iterable, Optional, Sequence
 
 import torch
 
-try:  # triton is a Linux-only dependency; the reference path works without it
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - exercised only on machines without triton
-    triton = None
-    tl = None
-    HAS_TRITON = False
+# triton (a Linux-only dependency; the reference path works without it) is imported on first use, never by
+# ``import mindspeed_ops``: ``@triton.jit`` fixes compiled or interpreted mode when a function is decorated
+# (triton.language's own helpers included, at triton's import), so TRITON_INTERPRET=1 can still be set
+# after ``import mindspeed_ops`` registered the operators, as the CLI does for a CPU run
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def interpreting() -> bool:
@@ -91,6 +88,8 @@ def autotune(configs: Sequence, key: Iterable[str], **kwargs):
     if interpreting():
         kept = configs[:1]
         kwargs.pop("prune_configs_by", None)
+    import triton
+
     decorate = triton.autotune(configs=kept, key=list(key), **kwargs)
 
     def wrap(fn):
@@ -117,7 +116,23 @@ def num_sms(device: torch.device) -> int:
     return 4
 
 
-if HAS_TRITON:
+_LAZY: dict = {}
+
+
+def __getattr__(name: str):
+    """PEP 562: ``triton``, ``tl`` and the shared jit helpers ``i64`` and ``sigmoid_f32``, made on first use
+    (when a kernel module imports them), so that importing this module never loads triton."""
+    if name not in ("triton", "tl", "i64", "sigmoid_f32") or not HAS_TRITON:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if not _LAZY:
+        _LAZY.update(_jit_helpers())
+    return _LAZY[name]
+
+
+def _jit_helpers() -> dict:
+    global triton, tl  # module globals: the helpers' bodies look ``tl`` up here when they are compiled
+    import triton
+    import triton.language as tl
 
     @triton.jit
     def i64(x):
@@ -128,3 +143,5 @@ if HAS_TRITON:
     def sigmoid_f32(x):
         """Sigmoid in fp32 with ``tl.exp`` (no libdevice, which the interpreter stubs out)."""
         return 1.0 / (1.0 + tl.exp(-x))
+
+    return {"triton": triton, "tl": tl, "i64": i64, "sigmoid_f32": sigmoid_f32}
