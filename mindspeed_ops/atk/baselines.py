@@ -390,18 +390,28 @@ def _fla_sinkhorn(ctx: Context) -> Impl:
                 library="flash-linear-attention")
 
 
-@peer("fla_chunk_gated_delta_rule", "flash-linear-attention", "fla-core", "fla.ops.gated_delta_rule")
-def _fla_gdn(ctx: Context) -> Impl:
-    f = _mod("fla.ops.gated_delta_rule").chunk_gated_delta_rule
+def _fla_chunked(ctx: Context, f, what: str, note: str) -> Impl:
+    """fla's chunked GDN / KDA (one signature for both: ``g`` the log decay as ours, chunk size 64 only)."""
     if ctx.kw("chunk_size", 64) != 64:
-        raise Skip("fla's chunked GDN uses chunk_size 64 only")
+        raise Skip(f"fla's chunked {what} uses chunk_size 64 only")
     return Impl("fla", "peer",
                 lambda q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                 use_qk_l2norm_in_kernel=False, cu_seqlens=None, **_:
                 f(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens),
-                note="fla.ops.gated_delta_rule.chunk_gated_delta_rule (fla 0.6.0 refuses its backward on Hopper "
-                     "with triton 3.4-3.7.0: DESIGN 8)", library="flash-linear-attention")
+                note=note, library="flash-linear-attention")
+
+
+@peer("fla_chunk_gated_delta_rule", "flash-linear-attention", "fla-core", "fla.ops.gated_delta_rule")
+def _fla_gdn(ctx: Context) -> Impl:
+    return _fla_chunked(ctx, _mod("fla.ops.gated_delta_rule").chunk_gated_delta_rule, "GDN",
+                        "fla.ops.gated_delta_rule.chunk_gated_delta_rule (fla 0.6.0 refuses its backward on Hopper "
+                        "with triton 3.4-3.7.0: DESIGN 8)")
+
+
+@peer("fla_chunk_kda", "flash-linear-attention", "fla-core", "fla.ops.kda")
+def _fla_kda(ctx: Context) -> Impl:
+    return _fla_chunked(ctx, _mod("fla.ops.kda").chunk_kda, "KDA", "fla.ops.kda.chunk_kda (per-channel log decay g)")
 
 
 # --------------------------------------------------------------------------------------------------
