@@ -81,6 +81,22 @@ COMPILE_ONLY_MARKS = [
 ]
 
 
+def assert_compiled(results, spill_allowed=lambda r: 0) -> None:
+    """Results of ``compile_check.compile_launches``: every build succeeded, shared memory within the
+    arch's limit, register spills at most ``spill_allowed(result)`` bytes (``None``: not bounded)."""
+    from mindspeed_ops import compile_check as cc
+
+    bad = [f"{r.launch.label()} sm_{r.arch}: {r.summary}" for r in results if not r.ok]
+    assert not bad, "\n".join(bad)
+    over = []
+    for r in results:
+        assert r.shared is not None and r.shared <= cc.SHARED_LIMIT[r.arch], f"{r.launch.label()} sm_{r.arch}"
+        allowed = spill_allowed(r)
+        if allowed is not None and r.spill_stores > allowed:
+            over.append(f"{r.launch.label()} sm_{r.arch} spills {r.spill_stores} bytes (allowed {allowed})")
+    assert not over, "\n".join(over)
+
+
 @pytest.fixture(autouse=True)
 def _release_cuda_cache(request):
     """Several xdist workers share one GPU: hand cached blocks back after every test so one worker's

@@ -379,4 +379,3 @@ def chunk_bwd_dqkwg_kernel(q_ptr, k_ptr, v_ptr, do_ptr, h_ptr, dh_ptr, g_ptr, dv
                          b_dg.to(dg_ptr.dtype.element_ty), mask=rmask)
             b_sum += b_dk
         tl.store(dk_ptr + out_off, b_sum.to(dk_ptr.dtype.element_ty), mask=km)
-

@@ -12,7 +12,7 @@ from mindspeed_ops.ops.gdn import reference_wy as rw
 from mindspeed_ops.ops.gdn import wy_fast as wy_fast_module
 from mindspeed_ops.testing import (assert_close, assert_unchanged, err_atol, non_contiguous, snapshot, threshold,
                                    to_ref)
-from tests.conftest import COMPILE_ONLY_MARKS, DEVICE, DTYPES
+from tests.conftest import COMPILE_ONLY_MARKS, DEVICE, DTYPES, assert_compiled
 
 CLASSES = {"w": "LA-o", "u": "LA-o", "dk": "LA-d", "dv": "LA-d", "dbeta": "LA-g", "dg": "LA-g"}
 
@@ -340,15 +340,16 @@ def test_kernels_compile_for_gpu():
     # H200 (sm_90) for every dtype; A100 (sm_80) for bf16 (the fp32 builds are slow to compile)
     results = cc.compile_launches(launches + bf16, archs=(90,), jobs=2)
     results += cc.compile_launches(bf16, archs=(80,), jobs=2)
-    bad = [f"{r.launch.label()} sm_{r.arch}: {r.summary}" for r in results if not r.ok]
-    assert not bad, "\n".join(bad)
-    for r in results:
-        assert r.shared is not None and r.shared <= cc.SHARED_LIMIT[r.arch]
-        if r.arch == 90 and "fp32" not in r.launch.signature["k_ptr"]:   # 16-bit on sm_90: no register spills
-            # but the backward at 4 warps (~220 bytes): measured faster than 8 warps without spills (377 vs
-            # 537 µs at T = 8192, H200), a stated allowance
-            allowed = WY_BWD_4W_SPILL if r.launch.qualname == "wy_bwd_kernel" and r.launch.options.get("num_warps") == 4 else 0
-            assert r.spill_stores <= allowed, f"{r.launch.label()} sm_{r.arch} spills {r.spill_stores} bytes"
+
+    def spill_allowed(r):  # 16-bit on sm_90: no register spills (fp32 and sm_80 builds not bounded), but the
+        # backward at 4 warps (~220 bytes): measured faster than 8 warps without spills (377 vs 537 µs at
+        # T = 8192, H200), a stated allowance
+        if r.arch != 90 or "fp32" in r.launch.signature["k_ptr"]:
+            return None
+        four_warp_bwd = r.launch.qualname == "wy_bwd_kernel" and r.launch.options.get("num_warps") == 4
+        return WY_BWD_4W_SPILL if four_warp_bwd else 0
+
+    assert_compiled(results, spill_allowed)
 
 
 @pytest.mark.parametrize("K,V", [(32, 48), (128, 128), (60, 100), (16, 256), (256, 8)])

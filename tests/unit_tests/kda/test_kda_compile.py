@@ -7,7 +7,7 @@ import torch
 
 from mindspeed_ops import compile_check as cc
 from mindspeed_ops.api import chunk_kda
-from tests.conftest import COMPILE_ONLY_MARKS
+from tests.conftest import COMPILE_ONLY_MARKS, assert_compiled
 
 pytestmark = COMPILE_ONLY_MARKS
 
@@ -41,12 +41,10 @@ def test_kda_kernels_compile_for_gpu():
     assert any("STORE_M=True" in la.label() for la in launches)  # Aqk and M from one kernel
     results = cc.compile_launches(launches + bf16, archs=(90,), jobs=2)
     results += cc.compile_launches(bf16, archs=(80,), jobs=2)
-    bad = [f"{r.launch.label()} sm_{r.arch}: {r.summary}" for r in results if not r.ok]
-    assert not bad, "\n".join(bad)
-    spills = []
-    for r in results:
-        assert r.shared is not None and r.shared <= cc.SHARED_LIMIT[r.arch]
-        sig = " ".join(str(v) for v in r.launch.signature.values())
-        if r.arch == 90 and "*fp32" not in sig.split()[0:2] and r.spill_stores > SPILL_ALLOWED.get(r.launch.qualname, 0):
-            spills.append(f"{r.launch.qualname} {r.launch.label()[-60:]}: {r.spill_stores} bytes")
-    assert not spills, "\n".join(spills)
+
+    def spill_allowed(r):  # bounded for 16-bit q/k on sm_90 (the first two kernel arguments)
+        if r.arch != 90 or "*fp32" in list(r.launch.signature.values())[:2]:
+            return None
+        return SPILL_ALLOWED.get(r.launch.qualname, 0)
+
+    assert_compiled(results, spill_allowed)
