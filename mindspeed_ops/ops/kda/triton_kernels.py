@@ -398,6 +398,30 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
         b_Rq = tl.zeros([16, BK], dtype=tl.float32)
         b_Rk = tl.zeros([16, BK], dtype=tl.float32)
         b_C = tl.zeros([16, BK], dtype=tl.float32)
+        # pairs inside the block first (so the accumulators enter the loop in the elementwise layout: after
+        # the dot products they come in the MMA layout, and each row cost three shared-memory conversions),
+        # exact per-pair exponentials, one block row t at a time and no reductions: t as the column j of
+        # Rq/Rk (rows i >= t) and as the row i of C (rows j <= t)
+        for t in range(16):
+            r_t = r0 + t
+            mt = dm & (r_t < eos)
+            k_t = tl.load(k_base + r_t * s_kt + d, mask=mt, other=0.0).to(tl.float32)
+            q_t = tl.load(q_base + r_t * s_qt + d, mask=mt, other=0.0).to(tl.float32)
+            g_t = tl.load(g_base + r_t * s_gt + d, mask=mt, other=0.0).to(tl.float32)
+            b_t = tl.load(beta_ptr + i_b * s_bb + r_t * s_bt + i_h * s_bh, mask=r_t < eos, other=0.0).to(tl.float32)
+            # column t and row t of the block's coefficients (j <= i for dAq, j < i for dAm)
+            c_t = bi * 16 + t
+            aq_c = tl.load(aq_base + ri * s_at + c_t, mask=vi & (o16 >= t) & (r_t < eos), other=0.0)
+            am_c = tl.load(am_base + ri * s_at + c_t, mask=vi & (o16 > t) & (r_t < eos), other=0.0)
+            aq_r = tl.load(aq_base + r_t * s_at + bi * 16 + o16, mask=(o16 <= t) & (r_t < eos), other=0.0)
+            am_r = tl.load(am_base + r_t * s_at + bi * 16 + o16, mask=(o16 < t) & (r_t < eos), other=0.0)
+            m_lo = mi & (o16 >= t)[:, None] & mt[None, :]
+            e_c = _masked_exp(b_ga - g_t[None, :], m_lo) * k_t[None, :]
+            b_Rq += aq_c[:, None] * e_c
+            b_Rk += am_c[:, None] * e_c
+            m_up = mi & (o16 <= t)[:, None] & mt[None, :]
+            e_r = _masked_exp(g_t[None, :] - b_ga, m_up)
+            b_C += e_r * (aq_r[:, None] * q_t[None, :] + (am_r * b_t)[:, None] * k_t[None, :])
         if bi > 0:  # earlier columns: coefficient rows of the block
             mrow = vi[:, None] & valid[None, :] & (o[None, :] < bi * 16)
             b_aq = tl.load(aq_base + ri[:, None] * s_at + o[None, :], mask=mrow, other=0.0)
@@ -424,28 +448,6 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
             e1 = _masked_exp(b_g - g_r1[None, :], mz)
             fac = _masked_exp(g_r1[None, :] - b_ga, mi)
             b_C += fac * (_dot(b_aqt, b_q * e1, DT) + _dot(b_amt, b_k * e1 * b_beta[:, None], DT))
-        # pairs inside the block, exact per-pair exponentials, one block row t at a time and no
-        # reductions: t as the column j of Rq/Rk (rows i >= t) and as the row i of C (rows j <= t)
-        for t in range(16):
-            r_t = r0 + t
-            mt = dm & (r_t < eos)
-            k_t = tl.load(k_base + r_t * s_kt + d, mask=mt, other=0.0).to(tl.float32)
-            q_t = tl.load(q_base + r_t * s_qt + d, mask=mt, other=0.0).to(tl.float32)
-            g_t = tl.load(g_base + r_t * s_gt + d, mask=mt, other=0.0).to(tl.float32)
-            b_t = tl.load(beta_ptr + i_b * s_bb + r_t * s_bt + i_h * s_bh, mask=r_t < eos, other=0.0).to(tl.float32)
-            # column t and row t of the block's coefficients (j <= i for dAq, j < i for dAm)
-            c_t = bi * 16 + t
-            aq_c = tl.load(aq_base + ri * s_at + c_t, mask=vi & (o16 >= t) & (r_t < eos), other=0.0)
-            am_c = tl.load(am_base + ri * s_at + c_t, mask=vi & (o16 > t) & (r_t < eos), other=0.0)
-            aq_r = tl.load(aq_base + r_t * s_at + bi * 16 + o16, mask=(o16 <= t) & (r_t < eos), other=0.0)
-            am_r = tl.load(am_base + r_t * s_at + bi * 16 + o16, mask=(o16 < t) & (r_t < eos), other=0.0)
-            m_lo = mi & (o16 >= t)[:, None] & mt[None, :]
-            e_c = _masked_exp(b_ga - g_t[None, :], m_lo) * k_t[None, :]
-            b_Rq += aq_c[:, None] * e_c
-            b_Rk += am_c[:, None] * e_c
-            m_up = mi & (o16 <= t)[:, None] & mt[None, :]
-            e_r = _masked_exp(g_t[None, :] - b_ga, m_up)
-            b_C += e_r * (aq_r[:, None] * q_t[None, :] + (am_r * b_t)[:, None] * k_t[None, :])
         x_off = i_b * s_xb + i_h * s_xh + ri[:, None] * s_xt + d[None, :]
         b_dq = tl.load(dq_ptr + x_off, mask=mi, other=0.0) + b_Rq
         b_dk = tl.load(dk_ptr + x_off, mask=mi, other=0.0) + b_bi[:, None] * b_Rk + b_C
