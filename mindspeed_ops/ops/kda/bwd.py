@@ -233,8 +233,8 @@ def intra_bwd_forward(q, k, gk, beta, dAq, dAm, dq, dk, dg, db, cu_host, cu_seql
 
 
 def intra_bwd_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
-    """``(BK, num_warps)`` of ``kda_bwd_intra_kernel``. 16-bit: H200 sweep (benchmarks/tune_kda.py, T = 8192,
-    HV = 32, K = 128): BK = 64 at 4 warps 2.32 ms, BK = 32 at 8 warps 4.41 ms. fp32 (IEEE products on the FMA
+    """``(BK, num_warps)`` of ``kda_bwd_intra_kernel``. 16-bit: BK = 64 at 4 warps (168 registers, no spills on
+    sm_90; H200 sweeps in docs/benchmarks/kda.md, ``benchmarks/tune_kda.py``). fp32 (IEEE products on the FMA
     units): 32 at 8 warps."""
     if dtype == torch.float32:
         return _block_k(K, 32), 8

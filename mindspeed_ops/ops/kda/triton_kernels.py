@@ -403,51 +403,73 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
         # exact per-pair exponentials, one block row t at a time and no reductions: t as the column j of
         # Rq/Rk (rows i >= t) and as the row i of C (rows j <= t)
         for t in range(16):
+            # every per-row operand is loaded 2D ([1, BK] rows, [16, 1] columns): 1D loads took a layout of
+            # their own and cost shared-memory conversions (and barriers) every row on sm_90
             r_t = r0 + t
-            mt = dm & (r_t < eos)
-            k_t = tl.load(k_base + r_t * s_kt + d, mask=mt, other=0.0).to(tl.float32)
-            q_t = tl.load(q_base + r_t * s_qt + d, mask=mt, other=0.0).to(tl.float32)
-            g_t = tl.load(g_base + r_t * s_gt + d, mask=mt, other=0.0).to(tl.float32)
-            b_t = tl.load(beta_ptr + i_b * s_bb + r_t * s_bt + i_h * s_bh, mask=r_t < eos, other=0.0).to(tl.float32)
+            ok_t = r_t < eos
+            mt = dm[None, :] & ok_t
+            k_t = tl.load(k_base + r_t * s_kt + d[None, :], mask=mt, other=0.0).to(tl.float32)
+            q_t = tl.load(q_base + r_t * s_qt + d[None, :], mask=mt, other=0.0).to(tl.float32)
+            g_t = tl.load(g_base + r_t * s_gt + d[None, :], mask=mt, other=0.0).to(tl.float32)
+            b_t = tl.load(beta_ptr + i_b * s_bb + r_t * s_bt + i_h * s_bh, mask=ok_t, other=0.0).to(tl.float32)
             # column t and row t of the block's coefficients (j <= i for dAq, j < i for dAm)
             c_t = bi * 16 + t
-            aq_c = tl.load(aq_base + ri * s_at + c_t, mask=vi & (o16 >= t) & (r_t < eos), other=0.0)
-            am_c = tl.load(am_base + ri * s_at + c_t, mask=vi & (o16 > t) & (r_t < eos), other=0.0)
-            aq_r = tl.load(aq_base + r_t * s_at + bi * 16 + o16, mask=(o16 <= t) & (r_t < eos), other=0.0)
-            am_r = tl.load(am_base + r_t * s_at + bi * 16 + o16, mask=(o16 < t) & (r_t < eos), other=0.0)
-            m_lo = mi & (o16 >= t)[:, None] & mt[None, :]
-            e_c = _masked_exp(b_ga - g_t[None, :], m_lo) * k_t[None, :]
-            b_Rq += aq_c[:, None] * e_c
-            b_Rk += am_c[:, None] * e_c
-            m_up = mi & (o16 <= t)[:, None] & mt[None, :]
-            e_r = _masked_exp(g_t[None, :] - b_ga, m_up)
-            b_C += e_r * (aq_r[:, None] * q_t[None, :] + (am_r * b_t)[:, None] * k_t[None, :])
-        if bi > 0:  # earlier columns: coefficient rows of the block
-            mrow = vi[:, None] & valid[None, :] & (o[None, :] < bi * 16)
-            b_aq = tl.load(aq_base + ri[:, None] * s_at + o[None, :], mask=mrow, other=0.0)
-            b_am = tl.load(am_base + ri[:, None] * s_at + o[None, :], mask=mrow, other=0.0)
+            col = ri[:, None] * s_at + c_t
+            aq_c = tl.load(aq_base + col, mask=(vi & (o16 >= t))[:, None] & ok_t, other=0.0)
+            am_c = tl.load(am_base + col, mask=(vi & (o16 > t))[:, None] & ok_t, other=0.0)
+            row = r_t * s_at + bi * 16 + o16[:, None]
+            aq_r = tl.load(aq_base + row, mask=(o16 <= t)[:, None] & ok_t, other=0.0)
+            am_r = tl.load(am_base + row, mask=(o16 < t)[:, None] & ok_t, other=0.0)
+            # exponent arguments masked to the pairs (valid rows i >= t; rows j <= t with t valid), so every
+            # exp is <= 1 or of 0; the other entries meet a zero factor (masked loads) and need no outer where
+            e_c = tl.exp(tl.where(((o16 >= t) & vi)[:, None], b_ga - g_t, 0.0)) * k_t
+            b_Rq += aq_c * e_c
+            b_Rk += am_c * e_c
+            e_r = tl.exp(tl.where(((o16 <= t) & ok_t)[:, None], g_t - b_ga, 0.0))
+            b_C += e_r * (aq_r * q_t + (am_r * b_t) * k_t)
+        # earlier columns j, one 16-row block at a time (small tiles keep the registers, hence the occupancy,
+        # reasonable: whole [BT, BK] tiles took ~235 registers a thread): Rq, Rk += e^{G_i − G_r} ⊙ dA[i, j]
+        # (k_j e^{G_r − G_j}), reference r = the block's first row
+        if bi > 0:
             g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
-            mj = (valid & (o < bi * 16))[:, None] & dm[None, :]
-            b_k = tl.load(k_base + rows[:, None] * s_kt + d[None, :], mask=mj, other=0.0).to(tl.float32)
-            b_g = tl.load(g_base + rows[:, None] * s_gt + d[None, :], mask=mj, other=0.0).to(tl.float32)
-            b_kj = b_k * _masked_exp(g_r[None, :] - b_g, mj)
+            acc_q = tl.zeros([16, BK], dtype=tl.float32)
+            acc_k = tl.zeros([16, BK], dtype=tl.float32)
+            for jb in range(0, bi):
+                rj = start + jb * 16 + o16  # < r0 < eos: valid
+                mj = dm[None, :] & (rj >= 0)[:, None]
+                b_k = tl.load(k_base + rj[:, None] * s_kt + d[None, :], mask=mj, other=0.0).to(tl.float32)
+                b_g = tl.load(g_base + rj[:, None] * s_gt + d[None, :], mask=mj, other=0.0).to(tl.float32)
+                b_kj = b_k * tl.exp(tl.where(mj, g_r[None, :] - b_g, 0.0))
+                a_off = ri[:, None] * s_at + (jb * 16 + o16)[None, :]
+                b_aq = tl.load(aq_base + a_off, mask=vi[:, None], other=0.0)
+                b_am = tl.load(am_base + a_off, mask=vi[:, None], other=0.0)
+                acc_q += _dot(b_aq, b_kj, DT)
+                acc_k += _dot(b_am, b_kj, DT)
             fac = _masked_exp(b_ga - g_r[None, :], mi)
-            b_Rq += fac * _dot(b_aq, b_kj, DT)
-            b_Rk += fac * _dot(b_am, b_kj, DT)
+            b_Rq += fac * acc_q
+            b_Rk += fac * acc_k
+        # later rows i, one 16-row block at a time: C_j += e^{G_s − G_j} ⊙ Σ_i dA[i, j] (e^{G_i − G_s} ⊙ (q_i,
+        # β_i k_i)), reference s = r + 16, the first later row
         r1 = r0 + 16
-        if (r1 < eos) & (bi < BT // 16 - 1):  # later rows: coefficient columns of the block, transposed
-            mcol = vi[:, None] & valid[None, :] & (o[None, :] >= (bi + 1) * 16)
-            b_aqt = tl.load(aq_base + rows[None, :] * s_at + (bi * 16 + o16)[:, None], mask=mcol, other=0.0)
-            b_amt = tl.load(am_base + rows[None, :] * s_at + (bi * 16 + o16)[:, None], mask=mcol, other=0.0)
-            b_beta = tl.load(beta_ptr + i_b * s_bb + rows * s_bt + i_h * s_bh, mask=valid, other=0.0).to(tl.float32)
+        if (r1 < eos) & (bi < BT // 16 - 1):  # (r1 past the chunk: another chunk's G, e^{G_s − G_j} may overflow)
             g_r1 = tl.load(g_base + r1 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
-            mz = (valid & (o >= (bi + 1) * 16))[:, None] & dm[None, :]
-            b_q = tl.load(q_base + rows[:, None] * s_qt + d[None, :], mask=mz, other=0.0).to(tl.float32)
-            b_k = tl.load(k_base + rows[:, None] * s_kt + d[None, :], mask=mz, other=0.0).to(tl.float32)
-            b_g = tl.load(g_base + rows[:, None] * s_gt + d[None, :], mask=mz, other=0.0).to(tl.float32)
-            e1 = _masked_exp(b_g - g_r1[None, :], mz)
-            fac = _masked_exp(g_r1[None, :] - b_ga, mi)
-            b_C += fac * (_dot(b_aqt, b_q * e1, DT) + _dot(b_amt, b_k * e1 * b_beta[:, None], DT))
+            acc_c = tl.zeros([16, BK], dtype=tl.float32)
+            for ib in range(bi + 1, BT // 16):
+                rz = start + ib * 16 + o16
+                vz = rz < eos
+                mz = vz[:, None] & dm[None, :]
+                b_q = tl.load(q_base + rz[:, None] * s_qt + d[None, :], mask=mz, other=0.0).to(tl.float32)
+                b_k = tl.load(k_base + rz[:, None] * s_kt + d[None, :], mask=mz, other=0.0).to(tl.float32)
+                b_g = tl.load(g_base + rz[:, None] * s_gt + d[None, :], mask=mz, other=0.0).to(tl.float32)
+                b_bz = tl.load(beta_ptr + i_b * s_bb + rz * s_bt + i_h * s_bh, mask=vz, other=0.0).to(tl.float32)
+                e1 = _masked_exp(b_g - g_r1[None, :], mz)
+                # dA[i, j] transposed: rows j of this block, columns i of block ib
+                t_off = rz[None, :] * s_at + (bi * 16 + o16)[:, None]
+                mt2 = vi[:, None] & vz[None, :]
+                b_aqt = tl.load(aq_base + t_off, mask=mt2, other=0.0)
+                b_amt = tl.load(am_base + t_off, mask=mt2, other=0.0)
+                acc_c += _dot(b_aqt, b_q * e1, DT) + _dot(b_amt, b_k * e1 * b_bz[:, None], DT)
+            b_C += _masked_exp(g_r1[None, :] - b_ga, mi) * acc_c
         x_off = i_b * s_xb + i_h * s_xh + ri[:, None] * s_xt + d[None, :]
         b_dq = tl.load(dq_ptr + x_off, mask=mi, other=0.0) + b_Rq
         b_dk = tl.load(dk_ptr + x_off, mask=mi, other=0.0) + b_bi[:, None] * b_Rk + b_C
