@@ -24,6 +24,16 @@ from ..gdn.triton_wy import _dot, _program
 
 
 @triton.jit
+def _row_block(BHV, HV, GRP, cu_ptr, idx_ptr, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """``(batch row, value head, q/k head, block, chunk start, sequence end, block start)`` of a program of the
+    one-16-row-block-per-program grids (chunks · B · HV on axis 0, the block on axis 1)."""
+    i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
+    bi = tl.program_id(1)
+    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    return i_b, i_h, i_hk, bi, start, eos, start + bi * 16
+
+
+@triton.jit
 def _masked_exp(x, m):
     """``e^x`` where ``m``, 0 elsewhere; ``x`` is replaced by 0 before the exp where masked."""
     return tl.where(m, tl.exp(tl.where(m, x, 0.0)), 0.0)
@@ -53,10 +63,7 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
     ``q_i e^{G_i − G_r}`` (``k_i e^{G_i − G_r}``) with ``k_j e^{G_r − G_j}``; the diagonal 16x16 block one
     column ``t`` at a time, with the exact masked ``e^{G_i − G_t}`` on a ``[16, BK]`` tile (no per-pair
     ``[16, 16, BK]`` tensor), stored apart from the rest."""
-    i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
-    bi = tl.program_id(1)
-    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
-    r0 = start + bi * 16
+    i_b, i_h, i_hk, bi, start, eos, r0 = _row_block(BHV, HV, GRP, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
     if r0 < eos:
         o = tl.arange(0, BT)
         o16 = tl.arange(0, 16)
@@ -370,11 +377,8 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
     exponential, one block row at a time on ``[16, BK]`` tiles, with no reductions (a ``[16, 16, BK]``
     per-pair tensor and its 3D sums made this kernel 7.6 of a 13 ms KDA training step at T = 8192, H200;
     one program per chunk and head looping over the blocks and tiles, 2.3 ms)."""
-    i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
-    bi = tl.program_id(1)
+    i_b, i_h, i_hk, bi, start, eos, r0 = _row_block(BHV, HV, GRP, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
     i_k = tl.program_id(2)
-    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
-    r0 = start + bi * 16
     if r0 < eos:
         o = tl.arange(0, BT)
         o16 = tl.arange(0, 16)
