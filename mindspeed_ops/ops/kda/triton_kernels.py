@@ -481,5 +481,6 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
         tl.store(dq_ptr + x_off, b_dq, mask=mi)
         tl.store(dk_ptr + x_off, b_dk, mask=mi)
         tl.store(dg_ptr + x_off, b_dg, mask=mi)
-        z_off = db_ptr + i_k * s_zk + i_b * s_zb + i_h * s_zh + ri * s_zt
+        # int64 tile offset: NK·B·T·HV may pass 2^31
+        z_off = db_ptr + i_k.to(tl.int64) * s_zk + i_b * s_zb + i_h * s_zh + ri * s_zt
         tl.store(z_off, tl.load(z_off, mask=vi, other=0.0) + tl.sum(b_ka * b_Rk, 1), mask=vi)
