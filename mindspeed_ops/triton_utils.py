@@ -81,7 +81,11 @@ def finish(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def autotune(configs: Sequence, key: Iterable[str], **kwargs):
-    """``triton.autotune`` that keeps one config under the interpreter (which cannot benchmark)."""
+    """``triton.autotune`` that keeps one config under the interpreter (which cannot benchmark), and keeps its
+    choices in Triton's cache directory (``cache_results``): a later process on the same machine reuses them
+    instead of timing again (seconds per new shape saved), so it also runs the same configurations (SPEC 0.6:
+    bitwise run to run where a configuration could change a summation order)."""
+    kwargs.setdefault("cache_results", True)
     configs = list(configs)
     prune = kwargs.get("prune_configs_by")
     kept = configs

@@ -122,7 +122,7 @@ def _kernel():
         from .triton_bwd import chunk_bwd_dhu_kernel
 
         _KERNEL = tu.autotune(_configs(), key=["HV", "GQ", "K", "V", "BT", "USE_G", "USE_GK", "HAS_DHT",
-                                               "STORE_DH0", "IS_VARLEN"],
+                                               "STORE_DH0", "IS_VARLEN", "QKG"],
                               prune_configs_by={"early_config_prune": _prune})(chunk_bwd_dhu_kernel)
     return _KERNEL
 
@@ -133,8 +133,11 @@ def _block_k(K: int) -> tuple[int, int]:
     return bk, max(1, tu.cdiv(K, bk))
 
 
-def forward(q, k, w, do, dv, g, gk, h0, dht, scale, chunk_size, cu_host):
-    """Triton launch (arguments already validated)."""
+def forward(q, k, w, do, dv, g, gk, h0, dht, scale, chunk_size, cu_host, qk_gated: bool = False):
+    """Triton launch (arguments already validated). ``qk_gated`` (with ``gk``): ``q``, ``k`` are ``[B, T, HV, K]``
+    and already hold ``q ⊙ e^{G}``, ``k ⊙ e^{Γ − G}`` (KDA's qg, kg), so the scan reads only each chunk's last
+    gate row."""
+    assert not qk_gated or (gk is not None and q.shape[2] == k.shape[2] == do.shape[2])
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
     BT = chunk_size
@@ -163,5 +166,5 @@ def forward(q, k, w, do, dv, g, gk, h0, dht, scale, chunk_size, cu_host):
             *(tt.stride()[:3] if tt is not None else z3), *dh.stride()[:4],
             *(dh0.stride()[:3] if dh0 is not None else z3), *dv2.stride()[:3],
             BT=BT, BK=BK, NK=NK, USE_G=g is not None, USE_GK=gk is not None, HAS_DHT=tt is not None,
-            STORE_DH0=dh0 is not None, IS_VARLEN=cu is not None)
+            STORE_DH0=dh0 is not None, IS_VARLEN=cu is not None, QKG=qk_gated)
     return tu.finish(dh, q.dtype), dh0, tu.finish(dv2, dv.dtype)

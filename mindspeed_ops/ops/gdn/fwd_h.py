@@ -130,7 +130,7 @@ def _kernel():
         from .triton_fwd import chunk_fwd_h_kernel
 
         _KERNEL = tu.autotune(_configs(), key=["HV", "GQ", "K", "V", "BT", "USE_G", "USE_GK", "HAS_H0",
-                                               "STORE_FINAL", "SAVE_VNEW", "IS_VARLEN", "HAS_RK"],
+                                               "STORE_FINAL", "SAVE_VNEW", "IS_VARLEN", "HAS_RK", "KG"],
                                 prune_configs_by={"early_config_prune": _prune})(chunk_fwd_h_kernel)
     return _KERNEL
 
@@ -151,8 +151,12 @@ def _block_k(K: int) -> tuple[int, int]:
     return bk, tu.cdiv(K, bk)
 
 
-def forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_new_value, cu_host, rk=None):
-    """Triton launch (arguments already validated); ``rk``: see ``kkt.forward``."""
+def forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_new_value, cu_host, rk=None,
+            k_gated: bool = False):
+    """Triton launch (arguments already validated); ``rk``: see ``kkt.forward``. ``k_gated`` (with ``gk``, no
+    ``rk``): ``k`` is ``[B, T, HV, K]`` and already holds ``k ⊙ e^{Γ − G}`` (KDA's kg), so the scan reads only
+    each chunk's last gate row."""
+    assert not k_gated or (gk is not None and rk is None and k.shape[2] == u.shape[2])
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     BT = chunk_size
@@ -182,7 +186,8 @@ def forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_
             *(h0.stride()[:3] if h0 is not None else z3), *h.stride()[:4],
             *(vn.stride()[:3] if vn is not None else z3), *(ht.stride()[:3] if ht is not None else z3), *sr,
             BT=BT, BK=BK, NK=NK, USE_G=g is not None, USE_GK=gk is not None, HAS_H0=h0 is not None,
-            STORE_FINAL=ht is not None, SAVE_VNEW=vn is not None, IS_VARLEN=cu is not None, HAS_RK=rk is not None)
+            STORE_FINAL=ht is not None, SAVE_VNEW=vn is not None, IS_VARLEN=cu is not None, HAS_RK=rk is not None,
+            KG=k_gated)
     elif ht is not None:  # no heads / empty dims: the state passes through
         ht.copy_(initial_state) if initial_state is not None else ht.zero_()
     return tu.finish(h, k.dtype), (None if vn is None else tu.finish(vn, u.dtype)), ht

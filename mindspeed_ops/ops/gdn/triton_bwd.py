@@ -82,13 +82,15 @@ def _store_blk(base, i_kb, cols, K, nv, s_k, X, BK: tl.constexpr):
 
 
 @triton.jit
-def _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, i_kb, K, dS, BK: tl.constexpr, USE_GK: tl.constexpr):
-    """``(k_block [⊙ e^{Γ − G}]) @ dS_block`` ([BT, BV], fp32 accumulate; dS staged in k's dtype)."""
+def _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, i_kb, K, dS, BK: tl.constexpr, USE_GK: tl.constexpr,
+                QKG: tl.constexpr = False):
+    """``(k_block [⊙ e^{Γ − G}]) @ dS_block`` ([BT, BV], fp32 accumulate; dS staged in k's dtype); ``QKG``: k
+    already holds ``k ⊙ e^{Γ − G}``."""
     d = i_kb * BK + tl.arange(0, BK)
     dmask = d < K
     m = rmask[:, None] & dmask[None, :]
     b_k = tl.load(k_c + o_t[:, None] * s_kt + d[None, :], mask=m, other=0.0)
-    if USE_GK:
+    if USE_GK and not QKG:
         g_last = tl.load(gk_c + last * s_gkt + d, mask=dmask, other=0.0).to(tl.float32)
         b_gk = tl.load(gk_c + o_t[:, None] * s_gkt + d[None, :], mask=m, other=0.0).to(tl.float32)
         fac = tl.where(m, tl.exp(tl.where(m, g_last[None, :] - b_gk, 0.0)), 0.0)
@@ -98,10 +100,11 @@ def _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, i_kb, K, dS, BK: tl.co
 
 @triton.jit
 def _ds_update(dS, q_c, w_c, gk_c, o_t, rmask, last, s_qt, s_wt, s_gkt, i_kb, K, b_do, b_dv2,
-               BK: tl.constexpr, USE_GK: tl.constexpr):
+               BK: tl.constexpr, USE_GK: tl.constexpr, QKG: tl.constexpr = False):
     """``dS_block ← [diag(e^{Γ})] dS_block + (q_block [⊙ e^{G}])ᵀ b_do − w_blockᵀ b_dv2``. ``b_do`` is
     already scaled by ``scale`` (and ``e^{G_i}`` for scalar gates; the caller applies the scalar decay
-    of dS); q and w are read transposed ([BK, BT]) straight from memory."""
+    of dS); q and w are read transposed ([BK, BT]) straight from memory. ``QKG``: q already holds
+    ``q ⊙ e^{G}``."""
     d = i_kb * BK + tl.arange(0, BK)
     dmask = d < K
     m = dmask[:, None] & rmask[None, :]
@@ -109,8 +112,9 @@ def _ds_update(dS, q_c, w_c, gk_c, o_t, rmask, last, s_qt, s_wt, s_gkt, i_kb, K,
     b_wt = tl.load(w_c + o_t[None, :] * s_wt + d[:, None], mask=m, other=0.0)
     if USE_GK:
         g_last = tl.load(gk_c + last * s_gkt + d, mask=dmask, other=0.0).to(tl.float32)
-        b_gk = tl.load(gk_c + o_t[None, :] * s_gkt + d[:, None], mask=m, other=0.0).to(tl.float32)
-        b_qt = (b_qt.to(tl.float32) * tl.where(m, tl.exp(tl.where(m, b_gk, 0.0)), 0.0)).to(b_qt.dtype)
+        if not QKG:
+            b_gk = tl.load(gk_c + o_t[None, :] * s_gkt + d[:, None], mask=m, other=0.0).to(tl.float32)
+            b_qt = (b_qt.to(tl.float32) * tl.where(m, tl.exp(tl.where(m, b_gk, 0.0)), 0.0)).to(b_qt.dtype)
         dS = dS * tl.exp(g_last)[:, None]
     return dS + _mm(b_qt, b_do.to(b_qt.dtype)) - _mm(b_wt, b_dv2.to(b_wt.dtype))
 
@@ -123,7 +127,7 @@ def chunk_bwd_dhu_kernel(q_ptr, k_ptr, w_ptr, do_ptr, dv_ptr, g_ptr, gk_ptr, dht
                          s_hb, s_hc, s_hh, s_hk, s_0n, s_0h, s_0k, s_2b, s_2t, s_2h,
                          BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr,
                          USE_G: tl.constexpr, USE_GK: tl.constexpr, HAS_DHT: tl.constexpr,
-                         STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr):
+                         STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, QKG: tl.constexpr = False):
     """One (sequence, value head, V-tile of ``BV``) per program: the reverse scan over the sequence's
     chunks with the fp32 gradient ``dS [K, BV]`` in registers as up to four ``[BK, BV]`` blocks.
 
@@ -132,7 +136,8 @@ def chunk_bwd_dhu_kernel(q_ptr, k_ptr, w_ptr, do_ptr, dv_ptr, g_ptr, gk_ptr, dht
     chunk, ``dh0 = dS`` (fp32). Rows past the sequence end are never read (masked loads give 0) nor
     written. Program id: flattened ``(sequence · HV + head) · NV + tile`` (no 65,535 grid limit);
     varlen sequences take their tokens from ``cu_seqlens`` and their first chunk's index in ``dh`` from
-    ``off`` (exclusive cumsum of chunks per sequence)."""
+    ``off`` (exclusive cumsum of chunks per sequence). ``QKG`` (with ``USE_GK``): q and k are ``q ⊙ e^{G}``
+    and ``k ⊙ e^{Γ − G}`` per value head (KDA's qg, kg), so the scan reads only each chunk's last gate row."""
     pid = tl.program_id(0).to(tl.int64)
     NV = tl.cdiv(V, BV)
     i_v = pid % NV
@@ -192,16 +197,16 @@ def chunk_bwd_dhu_kernel(q_ptr, k_ptr, w_ptr, do_ptr, dv_ptr, g_ptr, gk_ptr, dht
         w_c = w_base + start * s_wt
         gk_c = gk_base + start * s_gkt
         _store_blk(h_c, 0, cols, K, nv, s_hk, dS1, BK)
-        b_dv2 = _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 0, K, dS1, BK, USE_GK)
+        b_dv2 = _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 0, K, dS1, BK, USE_GK, QKG)
         if NK > 1:
             _store_blk(h_c, 1, cols, K, nv, s_hk, dS2, BK)
-            b_dv2 += _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 1, K, dS2, BK, USE_GK)
+            b_dv2 += _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 1, K, dS2, BK, USE_GK, QKG)
         if NK > 2:
             _store_blk(h_c, 2, cols, K, nv, s_hk, dS3, BK)
-            b_dv2 += _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 2, K, dS3, BK, USE_GK)
+            b_dv2 += _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 2, K, dS3, BK, USE_GK, QKG)
         if NK > 3:
             _store_blk(h_c, 3, cols, K, nv, s_hk, dS4, BK)
-            b_dv2 += _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 3, K, dS4, BK, USE_GK)
+            b_dv2 += _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 3, K, dS4, BK, USE_GK, QKG)
         vm = rmask[:, None] & cmask[None, :]
         b_do = tl.load(do_base + start * s_ot + o_t[:, None] * s_ot + cols[None, :], mask=vm, other=0.0)
         b_do = b_do.to(tl.float32) * scale
@@ -223,13 +228,16 @@ def chunk_bwd_dhu_kernel(q_ptr, k_ptr, w_ptr, do_ptr, dv_ptr, g_ptr, gk_ptr, dht
         b_dv2 += b_dv.to(tl.float32)
         tl.store(dv2_base + start * s_2t + o_t[:, None] * s_2t + cols[None, :], b_dv2.to(dv2_ptr.dtype.element_ty),
                  mask=vm)
-        dS1 = _ds_update(dS1, q_c, w_c, gk_c, o_t, rmask, last, s_qt, s_wt, s_gkt, 0, K, b_do, b_dv2, BK, USE_GK)
+        dS1 = _ds_update(dS1, q_c, w_c, gk_c, o_t, rmask, last, s_qt, s_wt, s_gkt, 0, K, b_do, b_dv2, BK, USE_GK, QKG)
         if NK > 1:
-            dS2 = _ds_update(dS2, q_c, w_c, gk_c, o_t, rmask, last, s_qt, s_wt, s_gkt, 1, K, b_do, b_dv2, BK, USE_GK)
+            dS2 = _ds_update(dS2, q_c, w_c, gk_c, o_t, rmask, last, s_qt, s_wt, s_gkt, 1, K, b_do, b_dv2, BK,
+                             USE_GK, QKG)
         if NK > 2:
-            dS3 = _ds_update(dS3, q_c, w_c, gk_c, o_t, rmask, last, s_qt, s_wt, s_gkt, 2, K, b_do, b_dv2, BK, USE_GK)
+            dS3 = _ds_update(dS3, q_c, w_c, gk_c, o_t, rmask, last, s_qt, s_wt, s_gkt, 2, K, b_do, b_dv2, BK,
+                             USE_GK, QKG)
         if NK > 3:
-            dS4 = _ds_update(dS4, q_c, w_c, gk_c, o_t, rmask, last, s_qt, s_wt, s_gkt, 3, K, b_do, b_dv2, BK, USE_GK)
+            dS4 = _ds_update(dS4, q_c, w_c, gk_c, o_t, rmask, last, s_qt, s_wt, s_gkt, 3, K, b_do, b_dv2, BK,
+                             USE_GK, QKG)
 
     if STORE_DH0:
         z_base = dh0_ptr + i_n * s_0n + i_h * s_0h + v0

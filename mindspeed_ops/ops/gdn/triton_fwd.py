@@ -46,12 +46,14 @@ def _w_times_state(w_c, o_t, rmask, s_wt, i_kb, K, S, BK: tl.constexpr):
 
 @triton.jit
 def _state_update(S, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, i_kb, K, b_v,
-                  BK: tl.constexpr, USE_GK: tl.constexpr, rk_c=None, s_rt=0, RK_ON_K: tl.constexpr = False):
+                  BK: tl.constexpr, USE_GK: tl.constexpr, rk_c=None, s_rt=0, RK_ON_K: tl.constexpr = False,
+                  KG: tl.constexpr = False):
     """``S_block ← [diag(e^{Γ})] S_block + (k_block [⊙ e^{Γ − G}])ᵀ b_v``; ``b_v`` is already scaled by
     the scalar factor ``e^{Γ − G_i}`` and cast to k's dtype; the scalar decay of S is applied by the
     caller. ``k`` is read transposed ([BK, BT]) straight from memory; ``k_c``/``gk_c`` point at the
     chunk's first token, ``last`` is the chunk's last valid row. ``RK_ON_K``: k's columns are scaled by
-    the l2norm rstd at ``rk_c`` (fp32, then cast) instead of ``b_v`` (fp16: rstd·v_new can overflow)."""
+    the l2norm rstd at ``rk_c`` (fp32, then cast) instead of ``b_v`` (fp16: rstd·v_new can overflow).
+    ``KG``: k already holds ``k ⊙ e^{Γ − G}`` (rounded to its dtype as here), only ``Γ`` is read."""
     d = i_kb * BK + tl.arange(0, BK)
     dmask = d < K
     m = dmask[:, None] & rmask[None, :]
@@ -60,9 +62,10 @@ def _state_update(S, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, i_kb, K, b_v,
         b_kt = (b_kt.to(tl.float32) * _row_factor(rk_c, o_t, rmask, s_rt)[None, :]).to(b_v.dtype)
     if USE_GK:
         g_last = tl.load(gk_c + last * s_gkt + d, mask=dmask, other=0.0).to(tl.float32)
-        b_gk = tl.load(gk_c + o_t[None, :] * s_gkt + d[:, None], mask=m, other=0.0).to(tl.float32)
-        fac = tl.where(m, tl.exp(tl.where(m, g_last[:, None] - b_gk, 0.0)), 0.0)
-        b_kt = (b_kt.to(tl.float32) * fac).to(b_v.dtype)
+        if not KG:
+            b_gk = tl.load(gk_c + o_t[None, :] * s_gkt + d[:, None], mask=m, other=0.0).to(tl.float32)
+            fac = tl.where(m, tl.exp(tl.where(m, g_last[:, None] - b_gk, 0.0)), 0.0)
+            b_kt = (b_kt.to(tl.float32) * fac).to(b_v.dtype)
         S = S * tl.exp(g_last)[:, None]
     return S + _mm(b_kt, b_v)
 
@@ -76,7 +79,7 @@ def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr,
                        USE_G: tl.constexpr, USE_GK: tl.constexpr, HAS_H0: tl.constexpr,
                        STORE_FINAL: tl.constexpr, SAVE_VNEW: tl.constexpr, IS_VARLEN: tl.constexpr,
-                       HAS_RK: tl.constexpr = False):
+                       HAS_RK: tl.constexpr = False, KG: tl.constexpr = False):
     """One (sequence, value head, V-tile of ``BV``) per program, scanning the sequence's chunks with
     the fp32 state ``[K, BV]`` in registers as up to four ``[BK, BV]`` blocks (``K <= 4·BK``).
 
@@ -89,7 +92,9 @@ def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr
     inside the ``[BT, ·]`` tiles. ``HAS_RK``: k is the raw key and ``rk`` its l2norm rstd,
     folded into ``v_new`` (``kᵀ diag(rk) v_new``) so the normalized key is never rounded; fp16 folds it
     into k instead (``rk`` is up to 1/sqrt(eps) = 1000, a zero key's, so ``rk·v_new`` rounded to fp16 passes
-    65504 for ``|v_new| > 65.5``, and inf·0 put NaN in the state)."""
+    65504 for ``|v_new| > 65.5``, and inf·0 put NaN in the state). ``KG`` (with ``USE_GK``): k is
+    ``k ⊙ e^{Γ − G}`` per value head (KDA's kg, made once by the intra-chunk kernel), so the scan reads
+    only the gate's last row per chunk: no ``[K, BT]`` gate tile nor exponentials per V-tile program."""
     pid = tl.program_id(0).to(tl.int64)
     NV = tl.cdiv(V, BV)
     i_v = pid % NV
@@ -180,16 +185,17 @@ def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr
         if HAS_RK and not RK_ON_K:
             b_v = b_v * _row_factor(rk_c, o_t, rmask, s_rt)[:, None]
         b_v = b_v.to(k_ptr.dtype.element_ty)
-        S1 = _state_update(S1, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 0, K, b_v, BK, USE_GK, rk_c, s_rt, RK_ON_K)
+        S1 = _state_update(S1, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 0, K, b_v, BK, USE_GK, rk_c, s_rt,
+                           RK_ON_K, KG)
         if NK > 1:
             S2 = _state_update(S2, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 1, K, b_v, BK, USE_GK, rk_c, s_rt,
-                               RK_ON_K)
+                               RK_ON_K, KG)
         if NK > 2:
             S3 = _state_update(S3, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 2, K, b_v, BK, USE_GK, rk_c, s_rt,
-                               RK_ON_K)
+                               RK_ON_K, KG)
         if NK > 3:
             S4 = _state_update(S4, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 3, K, b_v, BK, USE_GK, rk_c, s_rt,
-                               RK_ON_K)
+                               RK_ON_K, KG)
 
     if STORE_FINAL:
         ht_base = ht_ptr + i_n * s_tn + i_h * s_th + v0

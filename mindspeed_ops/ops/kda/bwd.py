@@ -218,17 +218,23 @@ def intra_bwd_forward(q, k, gk, beta, dAq, dAm, dq, dk, dg, db, cu_host, cu_seql
     if NT and B and HV and K:
         dummy = qq
         BK, nw = intra_bwd_config(K, kk.dtype)
-        kda_bwd_intra_kernel[(NT * B * HV,)](
-            qq, kk, gg, bb, dAq, dAm, dq, dk, dg, db, dummy if cu is None else cu, dummy if idx is None else idx,
+        NK = tu.cdiv(K, BK)
+        # db is a dot product over all K: with several key tiles each adds its share to a zeroed partial
+        # buffer, summed afterwards in a fixed order (deterministic, no atomics)
+        dbp = db.unsqueeze(0) if NK == 1 else torch.zeros((NK,) + tuple(db.shape), dtype=db.dtype, device=dev)
+        kda_bwd_intra_kernel[(NT * B * HV, BT // 16, NK)](
+            qq, kk, gg, bb, dAq, dAm, dq, dk, dg, dbp, dummy if cu is None else cu, dummy if idx is None else idx,
             T, B * HV, HV, HV // H, *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *bb.stride(),
-            *dAq.stride()[:3], *dq.stride()[:3], *db.stride(),
+            *dAq.stride()[:3], *dq.stride()[:3], *dbp.stride(),
             K=K, BT=BT, BK=BK, IS_VARLEN=idx is not None, num_warps=nw)
+        if NK > 1:
+            db += dbp.sum(0)
     return dq, dk, dg, db
 
 
 def intra_bwd_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
-    """``(BK, num_warps)`` of ``kda_bwd_intra_kernel``. 16-bit: H200 sweep (benchmarks/tune_kda.py, T = 8192,
-    HV = 32, K = 128): BK = 64 at 4 warps 2.32 ms, BK = 32 at 8 warps 4.41 ms. fp32 (IEEE products on the FMA
+    """``(BK, num_warps)`` of ``kda_bwd_intra_kernel``. 16-bit: BK = 64 at 4 warps (168 registers, no spills on
+    sm_90; H200 sweeps in docs/benchmarks/kda.md, ``benchmarks/tune_kda.py``). fp32 (IEEE products on the FMA
     units): 32 at 8 warps."""
     if dtype == torch.float32:
         return _block_k(K, 32), 8

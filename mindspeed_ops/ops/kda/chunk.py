@@ -1,13 +1,13 @@
 """``chunk_kda`` (SPEC 1.11.3): the Triton forward and backward composed of stage kernels.
 
 Forward: optional l2norm of q/k -> ``G = chunk_local_cumsum(g)`` (GDN) -> ``chunk_kda_fwd_intra``
-(``M`` by GDN's per-channel kkt, ``Akk`` by GDN's ``solve_tril``, ``w, u`` by GDN's ``recompute_w_u_fwd``
-with ``gk``, ``Aqk`` by the KDA kernel) -> ``h, v_new, final_state`` by GDN's state scan with ``gk`` ->
-``o`` by the KDA output stage. Saved for the backward: the inputs, ``G``, ``Akk``, ``Aqk``.
+(``Aqk``, ``M`` and ``kg = k ⊙ e^{Γ−G}`` by the KDA kernel, ``Akk`` by GDN's ``solve_tril``, ``w, u`` by
+GDN's ``recompute_w_u_fwd`` with ``gk``) -> ``h, v_new, final_state`` by GDN's state scan with ``gk`` on
+``kg`` -> ``o`` by the KDA output stage. Saved for the backward: the inputs, ``G``, ``Akk``, ``Aqk``.
 
-Backward: ``w, u, h, v_new`` recomputed (GDN stages) -> ``dAqk, dv_local`` (KDA) -> ``dh, dh0, dv2`` by
-GDN's reverse state scan with ``gk`` -> ``chunk_kda_bwd_wy_dqkg_fused`` (KDA, SPEC 1.11.2) -> the
-intra-chunk paths through ``Aqk`` and ``M`` (KDA) -> ``dg`` = reverse chunk-local cumsum of ``dG``
+Backward: ``w, u``, ``qg = q ⊙ e^G``, ``kg``, ``h, v_new`` recomputed -> ``dAqk, dv_local`` (KDA) ->
+``dh, dh0, dv2`` by GDN's reverse state scan with ``gk`` on ``qg, kg`` -> ``chunk_kda_bwd_wy_dqkg_fused``
+(KDA, SPEC 1.11.2) -> the intra-chunk paths through ``Aqk`` and ``M`` (KDA) -> ``dg`` = reverse chunk-local cumsum of ``dG``
 (GDN) -> sum over shared value heads, l2norm backward.
 
 The stage launchers are called directly (their arguments are validated once, by the operator), so
@@ -49,9 +49,12 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
     if use_qk_l2norm_in_kernel:
         rq, rk = _l2_rstd(q, L2_EPS), _l2_rstd(k, L2_EPS)
     G = _cumsum_forward(g, BT, False, None, cu_host, cu, torch.float32, idx)
-    w, u, _, _, Aqk, Akk = _intra.forward(q, k, v, G, beta, scale, cu_host, cu, BT, idx, output_qg=False,
-                                          output_kg=False, rq=rq, rk=rk)
-    h, v_new, final = _fwd_h_forward(k, w, u, None, G, initial_state, output_final_state, BT, True, cu_host, rk=rk)
+    w, u, _, kg, Aqk, Akk = _intra.forward(q, k, v, G, beta, scale, cu_host, cu, BT, idx, output_qg=False,
+                                           output_kg=True, rq=rq, rk=rk)
+    # the state scan takes kg = k ⊙ e^{Γ−G} (rk folded in) from the intra kernel: no gate tiles per V-tile
+    h, v_new, final = _fwd_h_forward(kg, w, u, None, G, initial_state, output_final_state, BT, True, cu_host,
+                                     k_gated=True)
+    del kg
     o = _fwd_o.forward(q, v_new, h, G, Aqk, scale, cu_host, cu, BT, idx, rq=rq)
     return o, final, G, Akk, Aqk
 
@@ -68,10 +71,14 @@ def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, u
     else:
         qn, kn = q, k
     w, u = _wy_forward(kn, v, beta, Akk, None, G, cu_host, cu, idx)
-    h, v_new, _ = _fwd_h_forward(kn, w, u, None, G, initial_state, False, BT, True, cu_host)
+    # qg = q ⊙ e^G and kg = k ⊙ e^{Γ−G} once (per value head), for both state scans
+    _, qg, kg, _ = _intra.aqk_forward(qn, kn, G, scale, cu_host, cu, BT, idx, store_a=False, store_qg=True,
+                                      store_kg=True)
+    h, v_new, _ = _fwd_h_forward(kg, w, u, None, G, initial_state, False, BT, True, cu_host, k_gated=True)
     dAq, dv_local = _bwd.dav_forward(v_new, do, Aqk, scale, cu_host, cu, idx)
-    dh, dh0, dv2 = _dhu_forward(qn, kn, w, do, dv_local, None, G, initial_state, dht, scale, BT, cu_host)
-    del dv_local, w, u  # the recomputed intermediates go as soon as their last stage has run (peak memory)
+    dh, dh0, dv2 = _dhu_forward(qg, kg, w, do, dv_local, None, G, initial_state, dht, scale, BT, cu_host,
+                                qk_gated=True)
+    del dv_local, w, u, qg, kg  # the recomputed intermediates go as soon as their last stage has run (peak memory)
     dq, dk, dv, db, dG, dAm = _bwd.wy_dqkg_forward(qn, kn, v, v_new, G, beta, Akk, h, do, dh, dv2, scale, cu_host,
                                                    cu, idx, fold_heads=False)
     del h, dh, dv2, v_new

@@ -62,7 +62,7 @@ def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float
             bb = tu.kernel_input(beta)
             m_args = dict(m_ptr=M, beta_ptr=bb, s_mb=M.stride(0), s_mt=M.stride(1), s_mh=M.stride(2),
                           s_bb=bb.stride(0), s_bt=bb.stride(1), s_bh=bb.stride(2), STORE_M=True)
-        kda_aqk_fwd_kernel[(NT * B * HV,)](
+        kda_aqk_fwd_kernel[(NT * B * HV, BT // 16)](
             qq, kk, gg, dummy if A is None else A, dummy if qg is None else qg, dummy if kg is None else kg,
             dummy if cu is None else cu, dummy if idx is None else idx, rq_ptr, rk_ptr,
             T, B * HV, HV, HV // H, float(scale),

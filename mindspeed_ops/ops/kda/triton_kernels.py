@@ -24,6 +24,16 @@ from ..gdn.triton_wy import _dot, _program
 
 
 @triton.jit
+def _row_block(BHV, HV, GRP, cu_ptr, idx_ptr, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """``(batch row, value head, q/k head, block, chunk start, sequence end, block start)`` of a program of the
+    one-16-row-block-per-program grids (chunks · B · HV on axis 0, the block on axis 1)."""
+    i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
+    bi = tl.program_id(1)
+    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    return i_b, i_h, i_hk, bi, start, eos, start + bi * 16
+
+
+@triton.jit
 def _masked_exp(x, m):
     """``e^x`` where ``m``, 0 elsewhere; ``x`` is replaced by 0 before the exp where masked."""
     return tl.where(m, tl.exp(tl.where(m, x, 0.0)), 0.0)
@@ -47,60 +57,59 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
     sharing every load and exponential; ``qg = q ⊙ e^{G}`` (``STORE_QG``) and ``kg = k ⊙ e^{Γ − G}``
     (``STORE_KG``, ``Γ`` = ``G`` at the chunk's last valid row).
 
+    Grid ``(chunks · B · HV, BT / 16)``: one 16-row block per program (the blocks are independent; one
+    program looping over a chunk's four blocks took 1.04 ms at T = 8192, HV = 32 on the H200).
     Rows in 16-row blocks starting at ``r``: columns of earlier blocks (``j < r``) by ``tl.dot`` of
     ``q_i e^{G_i − G_r}`` (``k_i e^{G_i − G_r}``) with ``k_j e^{G_r − G_j}``; the diagonal 16x16 block one
     column ``t`` at a time, with the exact masked ``e^{G_i − G_t}`` on a ``[16, BK]`` tile (no per-pair
     ``[16, 16, BK]`` tensor), stored apart from the rest."""
-    i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
-    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
-    o = tl.arange(0, BT)
-    o16 = tl.arange(0, 16)
-    cols = start + o
-    col_ok = cols < eos
-    q_base = q_ptr + i_b * s_qb + i_hk * s_qh
-    k_base = k_ptr + i_b * s_kb + i_hk * s_kh
-    g_base = g_ptr + i_b * s_gb + i_h * s_gh
-    DT = k_ptr.dtype.element_ty
-    rq_base = rq_ptr + i_b * s_rb + i_hk * s_rh  # HAS_R: q, k raw, rq/rk their l2norm rstd (same layout)
-    rk_base = rk_ptr + i_b * s_rb + i_hk * s_rh
-    if STORE_A:
-        a_base = a_ptr + i_b * s_ab + i_h * s_ah
-        for bi in tl.static_range(BT // 16):
-            r0 = start + bi * 16
-            ri = r0 + o16
-            vi = ri < eos
+    i_b, i_h, i_hk, bi, start, eos, r0 = _row_block(BHV, HV, GRP, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    if r0 < eos:
+        o = tl.arange(0, BT)
+        o16 = tl.arange(0, 16)
+        cols = start + o
+        col_ok = cols < eos
+        ri = r0 + o16
+        vi = ri < eos
+        q_base = q_ptr + i_b * s_qb + i_hk * s_qh
+        k_base = k_ptr + i_b * s_kb + i_hk * s_kh
+        g_base = g_ptr + i_b * s_gb + i_h * s_gh
+        DT = k_ptr.dtype.element_ty
+        rq_base = rq_ptr + i_b * s_rb + i_hk * s_rh  # HAS_R: q, k raw, rq/rk their l2norm rstd (same layout)
+        rk_base = rk_ptr + i_b * s_rb + i_hk * s_rh
+        if STORE_A:
+            a_base = a_ptr + i_b * s_ab + i_h * s_ah
             acc = tl.zeros([16, BT], dtype=tl.float32)
             b_d = tl.zeros([16, 16], dtype=tl.float32)
             acc_m = tl.zeros([16, BT], dtype=tl.float32)
             b_dm = tl.zeros([16, 16], dtype=tl.float32)
-            if r0 < eos:
-                for i_k in range((K + BK - 1) // BK):
-                    d = i_k * BK + tl.arange(0, BK)
-                    dm = d < K
-                    mi = vi[:, None] & dm[None, :]
-                    b_q = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-                    b_k = tl.load(k_base + ri[:, None] * s_kt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-                    b_g = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-                    if bi > 0:
-                        g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
-                        fac = _masked_exp(b_g - g_r[None, :], mi)
-                        mj = dm[:, None] & ((o < bi * 16) & col_ok)[None, :]
-                        b_kt = tl.load(k_base + cols[None, :] * s_kt + d[:, None], mask=mj, other=0.0).to(tl.float32)
-                        b_gt = tl.load(g_base + cols[None, :] * s_gt + d[:, None], mask=mj, other=0.0).to(tl.float32)
-                        b_kj = b_kt * _masked_exp(g_r[:, None] - b_gt, mj)
-                        acc += _dot(b_q * fac, b_kj, DT)
-                        if STORE_M:
-                            acc_m += _dot(b_k * fac, b_kj, DT)
-                    for t in range(16):
-                        r_t = r0 + t
-                        mt = dm & (r_t < eos)
-                        k_t = tl.load(k_base + r_t * s_kt + d, mask=mt, other=0.0).to(tl.float32)
-                        g_t = tl.load(g_base + r_t * s_gt + d, mask=mt, other=0.0).to(tl.float32)
-                        e_c = _masked_exp(b_g - g_t[None, :], mi & (o16 >= t)[:, None] & mt[None, :]) * k_t[None, :]
-                        at_t = o16[None, :] == t
-                        b_d += tl.where(at_t, tl.sum(b_q * e_c, 1)[:, None], 0.0)
-                        if STORE_M:
-                            b_dm += tl.where(at_t, tl.sum(b_k * e_c, 1)[:, None], 0.0)
+            for i_k in range((K + BK - 1) // BK):
+                d = i_k * BK + tl.arange(0, BK)
+                dm = d < K
+                mi = vi[:, None] & dm[None, :]
+                b_q = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+                b_k = tl.load(k_base + ri[:, None] * s_kt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+                b_g = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+                if bi > 0:
+                    g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+                    fac = _masked_exp(b_g - g_r[None, :], mi)
+                    mj = dm[:, None] & ((o < bi * 16) & col_ok)[None, :]
+                    b_kt = tl.load(k_base + cols[None, :] * s_kt + d[:, None], mask=mj, other=0.0).to(tl.float32)
+                    b_gt = tl.load(g_base + cols[None, :] * s_gt + d[:, None], mask=mj, other=0.0).to(tl.float32)
+                    b_kj = b_kt * _masked_exp(g_r[:, None] - b_gt, mj)
+                    acc += _dot(b_q * fac, b_kj, DT)
+                    if STORE_M:
+                        acc_m += _dot(b_k * fac, b_kj, DT)
+                for t in range(16):
+                    r_t = r0 + t
+                    mt = dm & (r_t < eos)
+                    k_t = tl.load(k_base + r_t * s_kt + d, mask=mt, other=0.0).to(tl.float32)
+                    g_t = tl.load(g_base + r_t * s_gt + d, mask=mt, other=0.0).to(tl.float32)
+                    e_c = _masked_exp(b_g - g_t[None, :], mi & (o16 >= t)[:, None] & mt[None, :]) * k_t[None, :]
+                    at_t = o16[None, :] == t
+                    b_d += tl.where(at_t, tl.sum(b_q * e_c, 1)[:, None], 0.0)
+                    if STORE_M:
+                        b_dm += tl.where(at_t, tl.sum(b_k * e_c, 1)[:, None], 0.0)
             # earlier columns from acc (zeros after them), the diagonal block from b_d: disjoint stores
             keep = vi[:, None] & col_ok[None, :] & (o[None, :] < bi * 16)
             off_diag = vi[:, None] & ((o < bi * 16) | (o >= bi * 16 + 16))[None, :]
@@ -125,27 +134,26 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                 tl.store(m_base + ri[:, None] * s_mt + o[None, :], acc_m.to(m_ptr.dtype.element_ty), mask=off_diag)
                 tl.store(m_base + ri[:, None] * s_mt + (bi * 16 + o16)[None, :], b_dm.to(m_ptr.dtype.element_ty),
                          mask=vi[:, None])
-    if STORE_QG or STORE_KG:
-        valid = col_ok
-        last = tl.minimum(eos - start, BT) - 1
-        for i_k in range((K + BK - 1) // BK):
-            d = i_k * BK + tl.arange(0, BK)
-            dm = d < K
-            m = valid[:, None] & dm[None, :]
-            b_g = tl.load(g_base + cols[:, None] * s_gt + d[None, :], mask=m, other=0.0).to(tl.float32)
-            if STORE_QG:
-                b_q = tl.load(q_base + cols[:, None] * s_qt + d[None, :], mask=m, other=0.0).to(tl.float32)
-                if HAS_R:
-                    b_q = b_q * _row_factor(rq_base, cols, valid, s_rt)[:, None]
-                tl.store(qg_ptr + i_b * s_xb + i_h * s_xh + cols[:, None] * s_xt + d[None, :],
-                         (b_q * _masked_exp(b_g, m)).to(qg_ptr.dtype.element_ty), mask=m)
-            if STORE_KG:
-                g_last = tl.load(g_base + (start + last) * s_gt + d, mask=dm, other=0.0).to(tl.float32)
-                b_k = tl.load(k_base + cols[:, None] * s_kt + d[None, :], mask=m, other=0.0).to(tl.float32)
-                if HAS_R:
-                    b_k = b_k * _row_factor(rk_base, cols, valid, s_rt)[:, None]
-                tl.store(kg_ptr + i_b * s_yb + i_h * s_yh + cols[:, None] * s_yt + d[None, :],
-                         (b_k * _masked_exp(g_last[None, :] - b_g, m)).to(kg_ptr.dtype.element_ty), mask=m)
+        if STORE_QG or STORE_KG:
+            last = tl.minimum(eos - start, BT) - 1
+            for i_k in range((K + BK - 1) // BK):
+                d = i_k * BK + tl.arange(0, BK)
+                dm = d < K
+                m = vi[:, None] & dm[None, :]
+                b_g = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=m, other=0.0).to(tl.float32)
+                if STORE_QG:
+                    b_q = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=m, other=0.0).to(tl.float32)
+                    if HAS_R:
+                        b_q = b_q * _row_factor(rq_base, ri, vi, s_rt)[:, None]
+                    tl.store(qg_ptr + i_b * s_xb + i_h * s_xh + ri[:, None] * s_xt + d[None, :],
+                             (b_q * _masked_exp(b_g, m)).to(qg_ptr.dtype.element_ty), mask=m)
+                if STORE_KG:
+                    g_last = tl.load(g_base + (start + last) * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+                    b_k = tl.load(k_base + ri[:, None] * s_kt + d[None, :], mask=m, other=0.0).to(tl.float32)
+                    if HAS_R:
+                        b_k = b_k * _row_factor(rk_base, ri, vi, s_rt)[:, None]
+                    tl.store(kg_ptr + i_b * s_yb + i_h * s_yh + ri[:, None] * s_yt + d[None, :],
+                             (b_k * _masked_exp(g_last[None, :] - b_g, m)).to(kg_ptr.dtype.element_ty), mask=m)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -350,110 +358,129 @@ def kda_bwd_wy_dqkg_kernel(q_ptr, k_ptr, v_ptr, vn_ptr, g_ptr, beta_ptr, a_ptr, 
 def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr,
                          cu_ptr, idx_ptr, T, BHV, HV, GRP,
                          s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
-                         s_ab, s_at, s_ah, s_xb, s_xt, s_xh, s_zb, s_zt, s_zh,
+                         s_ab, s_at, s_ah, s_xb, s_xt, s_xh, s_zk, s_zb, s_zt, s_zh,
                          K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """Adds the intra-chunk gradients of one chunk and value head to ``dq, dk, dg, db`` (fp32, per value
-    head, updated in place) given ``dAq`` (cotangent of ``Aqk/scale``, ``j ≤ i``) and ``dAm`` (of ``M``,
-    ``j < i``), both fp32 with the layout of ``A``; ``E_ij = e^{G_i − G_j}`` per channel:
+    """Adds the intra-chunk gradients of one chunk, value head, 16-row block and ``BK`` channels to ``dq, dk,
+    dg`` (fp32, per value head, updated in place) and its channels' share of ``db`` to ``db[i_k]`` (fp32,
+    ``s_zk`` apart per key tile; updated in place), given ``dAq`` (cotangent of ``Aqk/scale``, ``j ≤ i``) and
+    ``dAm`` (of ``M``, ``j < i``), both fp32 with the layout of ``A``; ``E_ij = e^{G_i − G_j}`` per channel:
 
     rows: ``Rq_i = Σ_{j≤i} dAq_ij E_ij ⊙ k_j``, ``Rk_i = Σ_{j<i} dAm_ij E_ij ⊙ k_j``;
     columns: ``C_j = Σ_{i≥j} E_ij ⊙ (dAq_ij q_i + dAm_ij β_i k_i)``;
     ``dq += Rq``, ``dk += β Rk + C``, ``db += k·Rk``, ``dg += q ⊙ Rq + β k ⊙ Rk − k ⊙ C``.
 
-    Per 16-row block ``a`` starting at ``r``: the row sums over earlier columns use the reference ``r``
-    (``e^{G_i − G_r}`` x ``e^{G_r − G_j}``); the column sums over later rows use the reference ``r + 16``,
-    the first row of those rows (``e^{G_i − G_{r+16}}`` x ``e^{G_{r+16} − G_j}``); pairs inside the block
-    get the exact masked exponential, one block row at a time on ``[16, BK]`` tiles, with no reductions
-    (a ``[16, 16, BK]`` per-pair tensor and its 3D sums made this kernel 7.6 of a 13 ms KDA training step
-    at T = 8192, H200)."""
-    i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
-    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
-    o = tl.arange(0, BT)
-    o16 = tl.arange(0, 16)
-    rows = start + o
-    valid = rows < eos
-    DT = k_ptr.dtype.element_ty
-    q_base = q_ptr + i_b * s_qb + i_hk * s_qh
-    k_base = k_ptr + i_b * s_kb + i_hk * s_kh
-    g_base = g_ptr + i_b * s_gb + i_h * s_gh
-    aq_base = daq_ptr + i_b * s_ab + i_h * s_ah
-    am_base = dam_ptr + i_b * s_ab + i_h * s_ah
-    b_beta = tl.load(beta_ptr + i_b * s_bb + rows * s_bt + i_h * s_bh, mask=valid, other=0.0).to(tl.float32)
-    for bi in tl.static_range(BT // 16):
-        r0 = start + bi * 16
+    Grid ``(chunks · B · HV, BT / 16, ⌈K / BK⌉)``: every output element belongs to one program (the
+    channels are independent but for ``db``'s dot product, hence its per-tile partial sums). For the block
+    starting at ``r``: the row sums over earlier columns use the reference ``r`` (``e^{G_i − G_r}`` x
+    ``e^{G_r − G_j}``); the column sums over later rows use the reference ``r + 16``, the first row of those
+    rows (``e^{G_i − G_{r+16}}`` x ``e^{G_{r+16} − G_j}``); pairs inside the block get the exact masked
+    exponential, one block row at a time on ``[16, BK]`` tiles, with no reductions (a ``[16, 16, BK]``
+    per-pair tensor and its 3D sums made this kernel 7.6 of a 13 ms KDA training step at T = 8192, H200;
+    one program per chunk and head looping over the blocks and tiles, 2.3 ms)."""
+    i_b, i_h, i_hk, bi, start, eos, r0 = _row_block(BHV, HV, GRP, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    i_k = tl.program_id(2)
+    if r0 < eos:
+        o = tl.arange(0, BT)
+        o16 = tl.arange(0, 16)
+        rows = start + o
+        valid = rows < eos
+        DT = k_ptr.dtype.element_ty
+        q_base = q_ptr + i_b * s_qb + i_hk * s_qh
+        k_base = k_ptr + i_b * s_kb + i_hk * s_kh
+        g_base = g_ptr + i_b * s_gb + i_h * s_gh
+        aq_base = daq_ptr + i_b * s_ab + i_h * s_ah
+        am_base = dam_ptr + i_b * s_ab + i_h * s_ah
         ri = r0 + o16
         vi = ri < eos
-        if r0 < eos:
-            b_bi = tl.load(beta_ptr + i_b * s_bb + ri * s_bt + i_h * s_bh, mask=vi, other=0.0).to(tl.float32)
-            # coefficient rows of the block over earlier columns, and (transposed) over later rows
-            mrow = vi[:, None] & valid[None, :] & (o[None, :] < bi * 16)
-            b_aq = tl.load(aq_base + ri[:, None] * s_at + o[None, :], mask=mrow, other=0.0)
-            b_am = tl.load(am_base + ri[:, None] * s_at + o[None, :], mask=mrow, other=0.0)
-            mcol = vi[:, None] & valid[None, :] & (o[None, :] >= (bi + 1) * 16)
-            b_aqt = tl.load(aq_base + rows[None, :] * s_at + (bi * 16 + o16)[:, None], mask=mcol, other=0.0)
-            b_amt = tl.load(am_base + rows[None, :] * s_at + (bi * 16 + o16)[:, None], mask=mcol, other=0.0)
-            r1 = r0 + 16
-            r1_ok = r1 < eos
-            b_dbi = tl.zeros([16], dtype=tl.float32)
-            for i_k in range((K + BK - 1) // BK):
-                d = i_k * BK + tl.arange(0, BK)
-                dm = d < K
-                mi = vi[:, None] & dm[None, :]
-                b_qa = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-                b_ka = tl.load(k_base + ri[:, None] * s_kt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-                b_ga = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-                b_Rq = tl.zeros([16, BK], dtype=tl.float32)
-                b_Rk = tl.zeros([16, BK], dtype=tl.float32)
-                b_C = tl.zeros([16, BK], dtype=tl.float32)
-                if bi > 0:
-                    g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
-                    mj = (valid & (o < bi * 16))[:, None] & dm[None, :]
-                    b_k = tl.load(k_base + rows[:, None] * s_kt + d[None, :], mask=mj, other=0.0).to(tl.float32)
-                    b_g = tl.load(g_base + rows[:, None] * s_gt + d[None, :], mask=mj, other=0.0).to(tl.float32)
-                    b_kj = b_k * _masked_exp(g_r[None, :] - b_g, mj)
-                    fac = _masked_exp(b_ga - g_r[None, :], mi)
-                    b_Rq += fac * _dot(b_aq, b_kj, DT)
-                    b_Rk += fac * _dot(b_am, b_kj, DT)
-                if bi < BT // 16 - 1:
-                    g_r1 = tl.load(g_base + r1 * s_gt + d, mask=dm & r1_ok, other=0.0).to(tl.float32)
-                    mz = (valid & (o >= (bi + 1) * 16))[:, None] & dm[None, :]
-                    b_q = tl.load(q_base + rows[:, None] * s_qt + d[None, :], mask=mz, other=0.0).to(tl.float32)
-                    b_k = tl.load(k_base + rows[:, None] * s_kt + d[None, :], mask=mz, other=0.0).to(tl.float32)
-                    b_g = tl.load(g_base + rows[:, None] * s_gt + d[None, :], mask=mz, other=0.0).to(tl.float32)
-                    e1 = _masked_exp(b_g - g_r1[None, :], mz)
-                    fac = _masked_exp(g_r1[None, :] - b_ga, mi & r1_ok)
-                    b_C += fac * (_dot(b_aqt, b_q * e1, DT) + _dot(b_amt, b_k * e1 * b_beta[:, None], DT))
-                # pairs inside the block, exact per-pair exponentials, one block row t at a time and no
-                # reductions: t as the column j of Rq/Rk (rows i >= t) and as the row i of C (rows j <= t)
-                for t in range(16):
-                    r_t = r0 + t
-                    mt = dm & (r_t < eos)
-                    k_t = tl.load(k_base + r_t * s_kt + d, mask=mt, other=0.0).to(tl.float32)
-                    q_t = tl.load(q_base + r_t * s_qt + d, mask=mt, other=0.0).to(tl.float32)
-                    g_t = tl.load(g_base + r_t * s_gt + d, mask=mt, other=0.0).to(tl.float32)
-                    b_t = tl.load(beta_ptr + i_b * s_bb + r_t * s_bt + i_h * s_bh, mask=r_t < eos,
-                                  other=0.0).to(tl.float32)
-                    # column t and row t of the block's coefficients (j <= i for dAq, j < i for dAm)
-                    c_t = bi * 16 + t
-                    aq_c = tl.load(aq_base + ri * s_at + c_t, mask=vi & (o16 >= t) & (r_t < eos), other=0.0)
-                    am_c = tl.load(am_base + ri * s_at + c_t, mask=vi & (o16 > t) & (r_t < eos), other=0.0)
-                    aq_r = tl.load(aq_base + r_t * s_at + bi * 16 + o16, mask=(o16 <= t) & (r_t < eos), other=0.0)
-                    am_r = tl.load(am_base + r_t * s_at + bi * 16 + o16, mask=(o16 < t) & (r_t < eos), other=0.0)
-                    m_lo = mi & (o16 >= t)[:, None] & mt[None, :]
-                    e_c = _masked_exp(b_ga - g_t[None, :], m_lo) * k_t[None, :]
-                    b_Rq += aq_c[:, None] * e_c
-                    b_Rk += am_c[:, None] * e_c
-                    m_up = mi & (o16 <= t)[:, None] & mt[None, :]
-                    e_r = _masked_exp(g_t[None, :] - b_ga, m_up)
-                    b_C += e_r * (aq_r[:, None] * q_t[None, :] + (am_r * b_t)[:, None] * k_t[None, :])
-                x_off = i_b * s_xb + i_h * s_xh + ri[:, None] * s_xt + d[None, :]
-                b_dq = tl.load(dq_ptr + x_off, mask=mi, other=0.0) + b_Rq
-                b_dk = tl.load(dk_ptr + x_off, mask=mi, other=0.0) + b_bi[:, None] * b_Rk + b_C
-                b_dg = tl.load(dg_ptr + x_off, mask=mi, other=0.0) + b_qa * b_Rq + b_bi[:, None] * b_ka * b_Rk \
-                    - b_ka * b_C
-                b_dbi += tl.sum(b_ka * b_Rk, 1)
-                tl.store(dq_ptr + x_off, b_dq, mask=mi)
-                tl.store(dk_ptr + x_off, b_dk, mask=mi)
-                tl.store(dg_ptr + x_off, b_dg, mask=mi)
-            z_off = db_ptr + i_b * s_zb + i_h * s_zh + ri * s_zt
-            tl.store(z_off, tl.load(z_off, mask=vi, other=0.0) + b_dbi, mask=vi)
+        b_bi = tl.load(beta_ptr + i_b * s_bb + ri * s_bt + i_h * s_bh, mask=vi, other=0.0).to(tl.float32)
+        d = i_k * BK + tl.arange(0, BK)
+        dm = d < K
+        mi = vi[:, None] & dm[None, :]
+        b_qa = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+        b_ka = tl.load(k_base + ri[:, None] * s_kt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+        b_ga = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+        b_Rq = tl.zeros([16, BK], dtype=tl.float32)
+        b_Rk = tl.zeros([16, BK], dtype=tl.float32)
+        b_C = tl.zeros([16, BK], dtype=tl.float32)
+        # pairs inside the block first (so the accumulators enter the loop in the elementwise layout: after
+        # the dot products they come in the MMA layout, and each row cost three shared-memory conversions),
+        # exact per-pair exponentials, one block row t at a time and no reductions: t as the column j of
+        # Rq/Rk (rows i >= t) and as the row i of C (rows j <= t)
+        for t in range(16):
+            # every per-row operand is loaded 2D ([1, BK] rows, [16, 1] columns): 1D loads took a layout of
+            # their own and cost shared-memory conversions (and barriers) every row on sm_90
+            r_t = r0 + t
+            ok_t = r_t < eos
+            mt = dm[None, :] & ok_t
+            k_t = tl.load(k_base + r_t * s_kt + d[None, :], mask=mt, other=0.0).to(tl.float32)
+            q_t = tl.load(q_base + r_t * s_qt + d[None, :], mask=mt, other=0.0).to(tl.float32)
+            g_t = tl.load(g_base + r_t * s_gt + d[None, :], mask=mt, other=0.0).to(tl.float32)
+            b_t = tl.load(beta_ptr + i_b * s_bb + r_t * s_bt + i_h * s_bh, mask=ok_t, other=0.0).to(tl.float32)
+            # column t and row t of the block's coefficients (j <= i for dAq, j < i for dAm)
+            c_t = bi * 16 + t
+            col = ri[:, None] * s_at + c_t
+            aq_c = tl.load(aq_base + col, mask=(vi & (o16 >= t))[:, None] & ok_t, other=0.0)
+            am_c = tl.load(am_base + col, mask=(vi & (o16 > t))[:, None] & ok_t, other=0.0)
+            row = r_t * s_at + bi * 16 + o16[:, None]
+            aq_r = tl.load(aq_base + row, mask=(o16 <= t)[:, None] & ok_t, other=0.0)
+            am_r = tl.load(am_base + row, mask=(o16 < t)[:, None] & ok_t, other=0.0)
+            # exponent arguments masked to the pairs (valid rows i >= t; rows j <= t with t valid), so every
+            # exp is <= 1 or of 0; the other entries meet a zero factor (masked loads) and need no outer where
+            e_c = tl.exp(tl.where(((o16 >= t) & vi)[:, None], b_ga - g_t, 0.0)) * k_t
+            b_Rq += aq_c * e_c
+            b_Rk += am_c * e_c
+            e_r = tl.exp(tl.where(((o16 <= t) & ok_t)[:, None], g_t - b_ga, 0.0))
+            b_C += e_r * (aq_r * q_t + (am_r * b_t) * k_t)
+        # earlier columns j, one 16-row block at a time (small tiles keep the registers, hence the occupancy,
+        # reasonable: whole [BT, BK] tiles took ~235 registers a thread): Rq, Rk += e^{G_i − G_r} ⊙ dA[i, j]
+        # (k_j e^{G_r − G_j}), reference r = the block's first row
+        if bi > 0:
+            g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+            acc_q = tl.zeros([16, BK], dtype=tl.float32)
+            acc_k = tl.zeros([16, BK], dtype=tl.float32)
+            for jb in range(0, bi):
+                rj = start + jb * 16 + o16  # < r0 < eos: valid
+                mj = dm[None, :] & (rj >= 0)[:, None]
+                b_k = tl.load(k_base + rj[:, None] * s_kt + d[None, :], mask=mj, other=0.0).to(tl.float32)
+                b_g = tl.load(g_base + rj[:, None] * s_gt + d[None, :], mask=mj, other=0.0).to(tl.float32)
+                b_kj = b_k * tl.exp(tl.where(mj, g_r[None, :] - b_g, 0.0))
+                a_off = ri[:, None] * s_at + (jb * 16 + o16)[None, :]
+                b_aq = tl.load(aq_base + a_off, mask=vi[:, None], other=0.0)
+                b_am = tl.load(am_base + a_off, mask=vi[:, None], other=0.0)
+                acc_q += _dot(b_aq, b_kj, DT)
+                acc_k += _dot(b_am, b_kj, DT)
+            fac = _masked_exp(b_ga - g_r[None, :], mi)
+            b_Rq += fac * acc_q
+            b_Rk += fac * acc_k
+        # later rows i, one 16-row block at a time: C_j += e^{G_s − G_j} ⊙ Σ_i dA[i, j] (e^{G_i − G_s} ⊙ (q_i,
+        # β_i k_i)), reference s = r + 16, the first later row
+        r1 = r0 + 16
+        if (r1 < eos) & (bi < BT // 16 - 1):  # (r1 past the chunk: another chunk's G, e^{G_s − G_j} may overflow)
+            g_r1 = tl.load(g_base + r1 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+            acc_c = tl.zeros([16, BK], dtype=tl.float32)
+            for ib in range(bi + 1, BT // 16):
+                rz = start + ib * 16 + o16
+                vz = rz < eos
+                mz = vz[:, None] & dm[None, :]
+                b_q = tl.load(q_base + rz[:, None] * s_qt + d[None, :], mask=mz, other=0.0).to(tl.float32)
+                b_k = tl.load(k_base + rz[:, None] * s_kt + d[None, :], mask=mz, other=0.0).to(tl.float32)
+                b_g = tl.load(g_base + rz[:, None] * s_gt + d[None, :], mask=mz, other=0.0).to(tl.float32)
+                b_bz = tl.load(beta_ptr + i_b * s_bb + rz * s_bt + i_h * s_bh, mask=vz, other=0.0).to(tl.float32)
+                e1 = _masked_exp(b_g - g_r1[None, :], mz)
+                # dA[i, j] transposed: rows j of this block, columns i of block ib
+                t_off = rz[None, :] * s_at + (bi * 16 + o16)[:, None]
+                mt2 = vi[:, None] & vz[None, :]
+                b_aqt = tl.load(aq_base + t_off, mask=mt2, other=0.0)
+                b_amt = tl.load(am_base + t_off, mask=mt2, other=0.0)
+                acc_c += _dot(b_aqt, b_q * e1, DT) + _dot(b_amt, b_k * e1 * b_bz[:, None], DT)
+            b_C += _masked_exp(g_r1[None, :] - b_ga, mi) * acc_c
+        x_off = i_b * s_xb + i_h * s_xh + ri[:, None] * s_xt + d[None, :]
+        b_dq = tl.load(dq_ptr + x_off, mask=mi, other=0.0) + b_Rq
+        b_dk = tl.load(dk_ptr + x_off, mask=mi, other=0.0) + b_bi[:, None] * b_Rk + b_C
+        b_dg = tl.load(dg_ptr + x_off, mask=mi, other=0.0) + b_qa * b_Rq + b_bi[:, None] * b_ka * b_Rk - b_ka * b_C
+        tl.store(dq_ptr + x_off, b_dq, mask=mi)
+        tl.store(dk_ptr + x_off, b_dk, mask=mi)
+        tl.store(dg_ptr + x_off, b_dg, mask=mi)
+        # int64 tile offset: NK·B·T·HV may pass 2^31
+        z_off = db_ptr + i_k.to(tl.int64) * s_zk + i_b * s_zb + i_h * s_zh + ri * s_zt
+        tl.store(z_off, tl.load(z_off, mask=vi, other=0.0) + tl.sum(b_ka * b_Rk, 1), mask=vi)

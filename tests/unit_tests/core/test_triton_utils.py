@@ -83,6 +83,23 @@ def test_autotune_drops_prune_configs_by_under_interpreter(monkeypatch):
     assert len(tuner.configs) == 1
 
 
+def test_autotune_keeps_its_choices_on_disk(monkeypatch):
+    """cache_results: a later process reuses the timed choice (same configs run to run, SPEC 0.6); under the
+    interpreter Triton turns it off itself."""
+    seen = {}
+
+    def fake(**kwargs):
+        seen.update(kwargs)
+        return lambda fn: fn
+
+    monkeypatch.setattr(triton, "autotune", fake)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    tu.autotune(_CONFIGS, key=["n"])(lambda: None)
+    assert seen["cache_results"] is True
+    tu.autotune(_CONFIGS, key=["n"], cache_results=False)(lambda: None)
+    assert seen["cache_results"] is False
+
+
 @interpreter_only
 def test_stock_autotune_with_several_configs_fails_under_interpreter():
     """The trap the shim avoids: plain triton.autotune with >1 config cannot run interpreted."""

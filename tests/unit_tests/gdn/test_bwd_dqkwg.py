@@ -249,3 +249,14 @@ def test_kernels_compile_for_gpu():
 #: warps, 3 stages, 228 bytes of spills, vs 511 us for the best 64-wide K block, which does not spill;
 #: benchmarks/tune_gdn_bwd.py, docs/benchmarks/gdn.md). The bound catches worse.
 DQKWG_BK128_SPILL = 1024
+
+
+@pytest.mark.parametrize("K,V,dtype", [(128, 128, torch.bfloat16), (64, 128, torch.float32), (32, 24, torch.float16),
+                                       (100, 60, torch.bfloat16), (256, 256, torch.float32)])
+def test_autotune_space_has_one_v_tile(K, V, dtype):
+    """The V tile sets dq/dk/dg's summation order: the autotuner may only choose warps and stages, never the tile
+    (else a process timing differently rounds differently; SPEC 0.6)."""
+    from mindspeed_ops.ops.gdn import bwd_dqkwg
+
+    kept = bwd_dqkwg._prune(bwd_dqkwg._configs(), {"V": V}, BK=bwd_dqkwg.block_k(K, dtype))
+    assert kept and len({c.kwargs["BV"] for c in kept}) == 1

@@ -166,6 +166,21 @@ def test_fwd_o_dav_intra_bwd(dtype, poisoned):
         assert_close(name, a, b, threshold("LA-g", dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_intra_bwd_key_tiles_gva_varlen(dtype):
+    """K = 60 spans several key tiles (a partial last one): db's per-tile partial sums, GVA, varlen chunks
+    shorter than a 16-row block, a tail after cu_seqlens[-1]."""
+    cu = [0, 5, 40, 41, 90]
+    p = _pipeline(1, 96, 1, 2, 60, 8, 32, cu=torch.tensor(cu), seed=3)
+    q, k, beta = (_dev(p[n], dtype) for n in ("q", "k", "beta"))
+    G, dAq, dAm = (_dev(p[n], torch.float32) for n in ("G", "dAq", "dAm"))
+    out = chunk_kda_bwd_intra(q, k, G, beta, dAq, dAm, _cu(cu))
+    refs = R.chunk_kda_bwd_intra_ref(*(t.double() for t in (q, k, G, beta, dAq, dAm)), _cu(cu))
+    for name, a, b in zip(("dq", "dk", "db", "dG"), refs, out):
+        assert_close(name, a, b, threshold("LA-g", dtype))
+        assert torch.equal(b[:, 90:], torch.zeros_like(b[:, 90:])), name
+
+
 def test_intra_bwd_hard_reset_gates_finite():
     p = _pipeline(1, 64, 1, 1, 16, 16, 64, hard=True, s=0.01)
     q, k, G, beta, dAq, dAm = (_dev(p[n], torch.float32) for n in ("q", "k", "G", "beta", "dAq", "dAm"))
