@@ -1,9 +1,10 @@
-"""Launch configurations of KDA's two largest kernels at one shape: the intra-chunk backward
+"""Launch configurations of KDA's three largest kernels at one shape: the intra-chunk backward
 (``kda_bwd_intra_kernel``, ``bwd.intra_bwd_config``) and the forward's Aqk + M kernel (``kda_aqk_fwd_kernel``,
-``intra.aqk_config``): median us (``triton.testing.do_bench``) per ``(BK, warps)``, each checked against the
+``intra.aqk_config``): median us (``triton.testing.do_bench``) per ``(BK, warps)``; the WY/state backward
+(``kda_bwd_wy_dqkg_kernel``, ``bwd.wy_dqkg_config``) per ``(BK, BV, warps, stages)``; each checked against the
 default configuration's output (rel-RMS).
 
-    python3 benchmarks/tune_kda.py [--T 8192] [--H 16] [--HV 32] [--K 128] [--only intra_bwd aqk]
+    python3 benchmarks/tune_kda.py [--T 8192] [--H 16] [--HV 32] [--K 128] [--only intra_bwd aqk wy_dqkg]
     python3 benchmarks/tune_kda.py --device cpu --T 128 --H 2 --HV 4 --K 32   # script check
 
 Inputs: unit q/k, per-channel ``g = logsigmoid`` and its chunk-local cumsum ``G``, sigmoid beta, random
@@ -27,7 +28,11 @@ from mindspeed_ops.ops.kda import bwd, intra  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     shape_args(ap, ("T", "H", "HV", "K"))
-    ap.add_argument("--only", nargs="+", default=["intra_bwd", "aqk"], choices=["intra_bwd", "aqk"])
+    ap.add_argument("--only", nargs="+", default=["intra_bwd", "aqk", "wy_dqkg"],
+                    choices=["intra_bwd", "aqk", "wy_dqkg"])
+    ap.add_argument("--wy-configs", nargs="+", default=None, metavar="BK,BV,WARPS,STAGES",
+                    help="wy_dqkg configurations to time (default: the whole grid); each is also run a second "
+                         "time and compared with its own first output (a race shows there)")
     ap.add_argument("--device", default="cuda", help="cpu: a check of the script itself (TRITON_INTERPRET=1)")
     a = ap.parse_args()
     dev, BT = a.device, 64
@@ -58,6 +63,42 @@ def main() -> None:
             return intra.aqk_forward(q, k, G, K ** -0.5, None, None, BT, None, beta=beta)
 
         _tune(intra, "aqk_config", run_aqk, dev, K, dt, configs)
+    if "wy_dqkg" in a.only:
+        _tune_wy_dqkg(q, k, G, beta, dev, dt, BT, a.wy_configs)
+
+
+def _tune_wy_dqkg(q, k, G, beta, dev, dt, BT, picked=None):
+    """Random (unit-scale) v, v_new, do, dv, states and a random dense A (the kernel reads whole tiles): timing and
+    agreement between configurations only."""
+    B, T, H, K = q.shape
+    HV, V, NT = G.shape[2], K, -(-T // BT)
+    v, vn, do, dv = (torch.randn(B, T, HV, V, device=dev).to(dt) for _ in range(4))
+    h, dh = (torch.randn(B, NT, HV, K, V, device=dev).to(dt) * 0.1 for _ in range(2))
+    A = (torch.randn(B, T, HV, BT, device=dev) * 0.1).to(dt)
+
+    def run():
+        return bwd.wy_dqkg_forward(q, k, v, vn, G, beta, A, h, do, dh, dv, K ** -0.5, None, None)
+
+    orig = bwd.wy_dqkg_config
+    print(f"wy_dqkg_config: default {orig(K, V, BT, dt)}: {_time(run, dev):8.1f} us", flush=True)
+    ref = run()
+    configs = [c for c in itertools.product((32, 64), (32, 64, 128), (4, 8), (1, 2, 3)) if c[:2] != (64, 128)]
+    if picked:
+        configs = [tuple(int(x) for x in c.split(",")) for c in picked]
+
+    def apply(bk, bv, nw, ns):
+        bwd.wy_dqkg_config = lambda *_: (bk, bv, nw, ns)
+
+    try:
+        if picked:  # a configuration whose two runs differ has a race: its output and timing mean nothing
+            for cfg in configs:
+                apply(*cfg)
+                first, again = run(), run()
+                diff = max(float((x.float() - y.float()).abs().max()) for x, y in zip(first, again))
+                print(f"  {cfg}: two runs differ by up to {diff:.3e}", flush=True)
+        _sweep(run, ref, dev, ("BK", "BV", "warps", "stages"), apply, configs)
+    finally:
+        bwd.wy_dqkg_config = orig
 
 
 def _tune(mod, name, run, dev, K, dt, configs):

@@ -105,6 +105,13 @@ def chunk_kda_bwd_dav(v_new: torch.Tensor, do: torch.Tensor, Aqk: torch.Tensor, 
 # chunk_kda_bwd_wy_dqkg_fused (SPEC 1.11.2)
 # ------------------------------------------------------------------------------------------------
 
+def wy_dqkg_config(K: int, V: int, BT: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """``(BK, BV, num_warps, num_stages)`` of ``kda_bwd_wy_dqkg_kernel``: 32-wide key tiles; at BT = 64 with
+    16-bit inputs 64-wide V tiles at 8 warps, else 32-wide (8 warps for fp32's IEEE products, 4 otherwise)."""
+    wide = BT == 64 and dtype != torch.float32
+    return _block_k(K, 32), _block_k(V, 64 if wide else 32), 8 if wide or dtype == torch.float32 else 4, 2
+
+
 def wy_dqkg_forward(q, k, v, v_new, g, beta, A, h, do, dh, dv, scale: float, cu_host, cu_seqlens,
                     chunk_indices=None, fold_heads: bool = True):
     """Launch of ``kda_bwd_wy_dqkg_kernel`` (arguments validated): ``(dq, dk, dv, db, dg, dA)``; ``dq, dk``
@@ -128,15 +135,14 @@ def wy_dqkg_forward(q, k, v, v_new, g, beta, A, h, do, dh, dv, scale: float, cu_
     NT, cu, idx = chunk_table(WY_OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, dev)
     if NT and B and HV:
         dummy = qq
-        wide = BT == 64 and kk.dtype != torch.float32     # 64-wide V tiles with 8 warps, else 32-wide
+        BK, BV, warps, stages = wy_dqkg_config(K, V, BT, kk.dtype)
         kda_bwd_wy_dqkg_kernel[(NT * B * HV,)](
             qq, kk, vv, vn, gg, bb, aa, hh, dd, dhh, dvv, dq, dk, dvo, db, dg, dA,
             dummy if cu is None else cu, dummy if idx is None else idx, T, B * HV, HV, HV // H, K, V, float(scale),
             *qq.stride()[:3], *kk.stride()[:3], *vv.stride()[:3], *vn.stride()[:3], *gg.stride()[:3],
             *bb.stride(), *aa.stride()[:3], *hh.stride()[:4], *dd.stride()[:3], *dhh.stride()[:4],
             *dvv.stride()[:3], *dq.stride()[:3], *dvo.stride()[:3], *db.stride(), *dA.stride()[:3],
-            BT=BT, BK=_block_k(K, 32), BV=_block_k(V, 64 if wide else 32), IS_VARLEN=idx is not None,
-            num_warps=8 if wide or kk.dtype == torch.float32 else 4, num_stages=2)
+            BT=BT, BK=BK, BV=BV, IS_VARLEN=idx is not None, num_warps=warps, num_stages=stages)
     if fold_heads:
         dq, dk = _fold(dq, H), _fold(dk, H)
     return dq, dk, tu.finish(dvo, v.dtype), db, dg, dA

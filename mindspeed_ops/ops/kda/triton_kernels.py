@@ -15,6 +15,10 @@ exponential of the masked difference. Pairs across blocks use ``tl.dot`` of fact
 ``e^{G_i − G_r}`` (rows ``i ≥ r``) and ``e^{G_r − G_j}`` (columns ``j < r``), with the reference ``r``
 the **first row of the row block**: both arguments are ``≤ 0`` for non-positive gates (gates down to
 −1000 never overflow), and no quantity a row uses depends on a later row (bitwise causality).
+The diagonal blocks take the same factored product (through ``r``, one factor then ``≥ 1``) per key tile whose
+gates stay within ``DIAG_SPREAD`` of row ``r`` (realistic decays: ``g ≥ −2`` always do), with
+fp32 operands (TF32 products for 16-bit inputs, IEEE for fp32); other tiles (hard resets) take the exact
+per-pair exponentials one column or row at a time. The spread test reads only the block's own rows.
 """
 import triton
 import triton.language as tl
@@ -39,6 +43,29 @@ def _masked_exp(x, m):
     return tl.where(m, tl.exp(tl.where(m, x, 0.0)), 0.0)
 
 
+# largest |G_i − G_r| over a 16-row block (reference r its first row) for which its diagonal block is one
+# product of e^{G_i − G_r}-scaled rows with e^{G_r − G_t}-scaled columns: both factors stay within e^{±30} and
+# the pairs j > i it also forms within e^{60}, finite in fp32 (and dropped)
+DIAG_SPREAD = tl.constexpr(30.0)
+
+
+@triton.jit
+def _diag_factorizable(b_g, g_r, m):
+    """Whether the ``[16, BK]`` gate tile ``b_g`` stays within ``DIAG_SPREAD`` of its reference row ``g_r``
+    (entries where ``m``); a scalar, the same for the whole program."""
+    return tl.max(tl.max(tl.where(m, tl.abs(b_g - g_r[None, :]), 0.0), 1), 0) <= DIAG_SPREAD
+
+
+@triton.jit
+def _dot_f32(a, b, EXACT: tl.constexpr):
+    """``a @ b`` of fp32 operands: IEEE for fp32 inputs (SPEC 0.5), else TF32 (for 16-bit inputs: more
+    mantissa than bf16 and fp32's exponent range, which the e^{±30} factors need)."""
+    if EXACT:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision="tf32")
+
+
 # ------------------------------------------------------------------------------------------------
 # chunk_kda_fwd_intra (SPEC 1.11.1): Aqk, and the elementwise qg / kg
 # ------------------------------------------------------------------------------------------------
@@ -60,9 +87,10 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
     Grid ``(chunks · B · HV, BT / 16)``: one 16-row block per program (the blocks are independent; one
     program looping over a chunk's four blocks took 1.04 ms at T = 8192, HV = 32 on the H200).
     Rows in 16-row blocks starting at ``r``: columns of earlier blocks (``j < r``) by ``tl.dot`` of
-    ``q_i e^{G_i − G_r}`` (``k_i e^{G_i − G_r}``) with ``k_j e^{G_r − G_j}``; the diagonal 16x16 block one
-    column ``t`` at a time, with the exact masked ``e^{G_i − G_t}`` on a ``[16, BK]`` tile (no per-pair
-    ``[16, 16, BK]`` tensor), stored apart from the rest."""
+    ``q_i e^{G_i − G_r}`` (``k_i e^{G_i − G_r}``) with ``k_j e^{G_r − G_j}``; the diagonal 16x16 block, per key
+    tile, by the same product through ``r`` when the tile's gates allow it (``_diag_factorizable``), else one
+    column ``t`` at a time with the exact masked ``e^{G_i − G_t}`` on a ``[16, BK]`` tile; stored apart from
+    the rest. ``qg``/``kg`` come from the same tiles."""
     i_b, i_h, i_hk, bi, start, eos, r0 = _row_block(BHV, HV, GRP, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
     if r0 < eos:
         o = tl.arange(0, BT)
@@ -77,22 +105,25 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
         DT = k_ptr.dtype.element_ty
         rq_base = rq_ptr + i_b * s_rb + i_hk * s_rh  # HAS_R: q, k raw, rq/rk their l2norm rstd (same layout)
         rk_base = rk_ptr + i_b * s_rb + i_hk * s_rh
-        if STORE_A:
-            a_base = a_ptr + i_b * s_ab + i_h * s_ah
-            acc = tl.zeros([16, BT], dtype=tl.float32)
-            b_d = tl.zeros([16, 16], dtype=tl.float32)
-            acc_m = tl.zeros([16, BT], dtype=tl.float32)
-            b_dm = tl.zeros([16, 16], dtype=tl.float32)
-            for i_k in range((K + BK - 1) // BK):
-                d = i_k * BK + tl.arange(0, BK)
-                dm = d < K
-                mi = vi[:, None] & dm[None, :]
-                b_q = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-                b_k = tl.load(k_base + ri[:, None] * s_kt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-                b_g = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+        if HAS_R:
+            r_i = _row_factor(rq_base, ri, vi, s_rt)
+            rk_i = _row_factor(rk_base, ri, vi, s_rt)
+        last = tl.minimum(eos - start, BT) - 1
+        acc = tl.zeros([16, BT], dtype=tl.float32)
+        b_d = tl.zeros([16, 16], dtype=tl.float32)
+        acc_m = tl.zeros([16, BT], dtype=tl.float32)
+        b_dm = tl.zeros([16, 16], dtype=tl.float32)
+        for i_k in range((K + BK - 1) // BK):
+            d = i_k * BK + tl.arange(0, BK)
+            dm = d < K
+            mi = vi[:, None] & dm[None, :]
+            b_q = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+            b_k = tl.load(k_base + ri[:, None] * s_kt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+            b_g = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+            if STORE_A:
+                g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+                fac = _masked_exp(b_g - g_r[None, :], mi)
                 if bi > 0:
-                    g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
-                    fac = _masked_exp(b_g - g_r[None, :], mi)
                     mj = dm[:, None] & ((o < bi * 16) & col_ok)[None, :]
                     b_kt = tl.load(k_base + cols[None, :] * s_kt + d[:, None], mask=mj, other=0.0).to(tl.float32)
                     b_gt = tl.load(g_base + cols[None, :] * s_gt + d[:, None], mask=mj, other=0.0).to(tl.float32)
@@ -100,22 +131,48 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                     acc += _dot(b_q * fac, b_kj, DT)
                     if STORE_M:
                         acc_m += _dot(b_k * fac, b_kj, DT)
-                for t in range(16):
-                    r_t = r0 + t
-                    mt = dm & (r_t < eos)
-                    k_t = tl.load(k_base + r_t * s_kt + d, mask=mt, other=0.0).to(tl.float32)
-                    g_t = tl.load(g_base + r_t * s_gt + d, mask=mt, other=0.0).to(tl.float32)
-                    e_c = _masked_exp(b_g - g_t[None, :], mi & (o16 >= t)[:, None] & mt[None, :]) * k_t[None, :]
-                    at_t = o16[None, :] == t
-                    b_d += tl.where(at_t, tl.sum(b_q * e_c, 1)[:, None], 0.0)
+                if _diag_factorizable(b_g, g_r, mi):
+                    # diagonal block by one product through the same reference row r (see the module notes)
+                    md = dm[:, None] & vi[None, :]
+                    b_kd = tl.load(k_base + ri[None, :] * s_kt + d[:, None], mask=md, other=0.0).to(tl.float32)
+                    b_gd = tl.load(g_base + ri[None, :] * s_gt + d[:, None], mask=md, other=0.0).to(tl.float32)
+                    b_kdf = b_kd * _masked_exp(g_r[:, None] - b_gd, md)
+                    b_d += _dot_f32(b_q * fac, b_kdf, DT == tl.float32)
                     if STORE_M:
-                        b_dm += tl.where(at_t, tl.sum(b_k * e_c, 1)[:, None], 0.0)
+                        b_dm += _dot_f32(b_k * fac, b_kdf, DT == tl.float32)
+                else:
+                    for t in range(16):
+                        r_t = r0 + t
+                        mt = dm & (r_t < eos)
+                        k_t = tl.load(k_base + r_t * s_kt + d, mask=mt, other=0.0).to(tl.float32)
+                        g_t = tl.load(g_base + r_t * s_gt + d, mask=mt, other=0.0).to(tl.float32)
+                        e_c = _masked_exp(b_g - g_t[None, :], mi & (o16 >= t)[:, None] & mt[None, :]) * k_t[None, :]
+                        at_t = o16[None, :] == t
+                        b_d += tl.where(at_t, tl.sum(b_q * e_c, 1)[:, None], 0.0)
+                        if STORE_M:
+                            b_dm += tl.where(at_t, tl.sum(b_k * e_c, 1)[:, None], 0.0)
+            # the elementwise outputs from the tiles just loaded
+            if STORE_QG:
+                b_qg = b_q * _masked_exp(b_g, mi)
+                if HAS_R:
+                    b_qg = b_qg * r_i[:, None]
+                tl.store(qg_ptr + i_b * s_xb + i_h * s_xh + ri[:, None] * s_xt + d[None, :],
+                         b_qg.to(qg_ptr.dtype.element_ty), mask=mi)
+            if STORE_KG:
+                g_last = tl.load(g_base + (start + last) * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+                b_kg = b_k * _masked_exp(g_last[None, :] - b_g, mi)
+                if HAS_R:
+                    b_kg = b_kg * rk_i[:, None]
+                tl.store(kg_ptr + i_b * s_yb + i_h * s_yh + ri[:, None] * s_yt + d[None, :],
+                         b_kg.to(kg_ptr.dtype.element_ty), mask=mi)
+        if STORE_A:
+            a_base = a_ptr + i_b * s_ab + i_h * s_ah
             # earlier columns from acc (zeros after them), the diagonal block from b_d: disjoint stores
             keep = vi[:, None] & col_ok[None, :] & (o[None, :] < bi * 16)
             off_diag = vi[:, None] & ((o < bi * 16) | (o >= bi * 16 + 16))[None, :]
+            # the factorized diagonal product also fills pairs j > i: dropped here
+            lower = vi[:, None] & (o16[:, None] >= o16[None, :])
             if HAS_R:
-                r_i = _row_factor(rq_base, ri, vi, s_rt)
-                rk_i = _row_factor(rk_base, ri, vi, s_rt)
                 rk_j = _row_factor(rk_base, cols, col_ok, s_rt)
                 acc = acc * (r_i[:, None] * rk_j[None, :])
                 b_d = b_d * (r_i[:, None] * rk_i[None, :])
@@ -124,8 +181,8 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                     b_dm = b_dm * (rk_i[:, None] * rk_i[None, :])
             acc = tl.where(keep, acc * scale, 0.0)
             tl.store(a_base + ri[:, None] * s_at + o[None, :], acc.to(a_ptr.dtype.element_ty), mask=off_diag)
-            tl.store(a_base + ri[:, None] * s_at + (bi * 16 + o16)[None, :], (b_d * scale).to(a_ptr.dtype.element_ty),
-                     mask=vi[:, None])
+            tl.store(a_base + ri[:, None] * s_at + (bi * 16 + o16)[None, :],
+                     tl.where(lower, b_d * scale, 0.0).to(a_ptr.dtype.element_ty), mask=vi[:, None])
             if STORE_M:
                 m_base = m_ptr + i_b * s_mb + i_h * s_mh
                 b_bi = tl.load(beta_ptr + i_b * s_bb + ri * s_bt + i_h * s_bh, mask=vi, other=0.0).to(tl.float32)
@@ -134,26 +191,6 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                 tl.store(m_base + ri[:, None] * s_mt + o[None, :], acc_m.to(m_ptr.dtype.element_ty), mask=off_diag)
                 tl.store(m_base + ri[:, None] * s_mt + (bi * 16 + o16)[None, :], b_dm.to(m_ptr.dtype.element_ty),
                          mask=vi[:, None])
-        if STORE_QG or STORE_KG:
-            last = tl.minimum(eos - start, BT) - 1
-            for i_k in range((K + BK - 1) // BK):
-                d = i_k * BK + tl.arange(0, BK)
-                dm = d < K
-                m = vi[:, None] & dm[None, :]
-                b_g = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=m, other=0.0).to(tl.float32)
-                if STORE_QG:
-                    b_q = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=m, other=0.0).to(tl.float32)
-                    if HAS_R:
-                        b_q = b_q * _row_factor(rq_base, ri, vi, s_rt)[:, None]
-                    tl.store(qg_ptr + i_b * s_xb + i_h * s_xh + ri[:, None] * s_xt + d[None, :],
-                             (b_q * _masked_exp(b_g, m)).to(qg_ptr.dtype.element_ty), mask=m)
-                if STORE_KG:
-                    g_last = tl.load(g_base + (start + last) * s_gt + d, mask=dm, other=0.0).to(tl.float32)
-                    b_k = tl.load(k_base + ri[:, None] * s_kt + d[None, :], mask=m, other=0.0).to(tl.float32)
-                    if HAS_R:
-                        b_k = b_k * _row_factor(rk_base, ri, vi, s_rt)[:, None]
-                    tl.store(kg_ptr + i_b * s_yb + i_h * s_yh + ri[:, None] * s_yt + d[None, :],
-                             (b_k * _masked_exp(g_last[None, :] - b_g, m)).to(kg_ptr.dtype.element_ty), mask=m)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -373,7 +410,8 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
     channels are independent but for ``db``'s dot product, hence its per-tile partial sums). For the block
     starting at ``r``: the row sums over earlier columns use the reference ``r`` (``e^{G_i − G_r}`` x
     ``e^{G_r − G_j}``); the column sums over later rows use the reference ``r + 16``, the first row of those
-    rows (``e^{G_i − G_{r+16}}`` x ``e^{G_{r+16} − G_j}``); pairs inside the block get the exact masked
+    rows (``e^{G_i − G_{r+16}}`` x ``e^{G_{r+16} − G_j}``); pairs inside the block: four ``[16, 16] x [16, BK]``
+    products through ``r`` when the tile's gates allow it (``_diag_factorizable``), else the exact masked
     exponential, one block row at a time on ``[16, BK]`` tiles, with no reductions (a ``[16, 16, BK]``
     per-pair tensor and its 3D sums made this kernel 7.6 of a 13 ms KDA training step at T = 8192, H200;
     one program per chunk and head looping over the blocks and tiles, 2.3 ms)."""
@@ -402,56 +440,69 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
         b_Rq = tl.zeros([16, BK], dtype=tl.float32)
         b_Rk = tl.zeros([16, BK], dtype=tl.float32)
         b_C = tl.zeros([16, BK], dtype=tl.float32)
-        # pairs inside the block first (so the accumulators enter the loop in the elementwise layout: after
-        # the dot products they come in the MMA layout, and each row cost three shared-memory conversions),
-        # exact per-pair exponentials, one block row t at a time and no reductions: t as the column j of
-        # Rq/Rk (rows i >= t) and as the row i of C (rows j <= t)
-        for t in range(16):
-            # every per-row operand is loaded 2D ([1, BK] rows, [16, 1] columns): 1D loads took a layout of
-            # their own and cost shared-memory conversions (and barriers) every row on sm_90
-            r_t = r0 + t
-            ok_t = r_t < eos
-            mt = dm[None, :] & ok_t
-            k_t = tl.load(k_base + r_t * s_kt + d[None, :], mask=mt, other=0.0).to(tl.float32)
-            q_t = tl.load(q_base + r_t * s_qt + d[None, :], mask=mt, other=0.0).to(tl.float32)
-            g_t = tl.load(g_base + r_t * s_gt + d[None, :], mask=mt, other=0.0).to(tl.float32)
-            b_t = tl.load(beta_ptr + i_b * s_bb + r_t * s_bt + i_h * s_bh, mask=ok_t, other=0.0).to(tl.float32)
-            # column t and row t of the block's coefficients (j <= i for dAq, j < i for dAm)
-            c_t = bi * 16 + t
-            col = ri[:, None] * s_at + c_t
-            aq_c = tl.load(aq_base + col, mask=(vi & (o16 >= t))[:, None] & ok_t, other=0.0)
-            am_c = tl.load(am_base + col, mask=(vi & (o16 > t))[:, None] & ok_t, other=0.0)
-            row = r_t * s_at + bi * 16 + o16[:, None]
-            aq_r = tl.load(aq_base + row, mask=(o16 <= t)[:, None] & ok_t, other=0.0)
-            am_r = tl.load(am_base + row, mask=(o16 < t)[:, None] & ok_t, other=0.0)
-            # exponent arguments masked to the pairs (valid rows i >= t; rows j <= t with t valid), so every
-            # exp is <= 1 or of 0; the other entries meet a zero factor (masked loads) and need no outer where
-            e_c = tl.exp(tl.where(((o16 >= t) & vi)[:, None], b_ga - g_t, 0.0)) * k_t
-            b_Rq += aq_c * e_c
-            b_Rk += am_c * e_c
-            e_r = tl.exp(tl.where(((o16 <= t) & ok_t)[:, None], g_t - b_ga, 0.0))
-            b_C += e_r * (aq_r * q_t + (am_r * b_t) * k_t)
+        g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+        fac = _masked_exp(b_ga - g_r[None, :], mi)  # e^{G_i − G_r}, reference r = the block's first row
+        acc_q = tl.zeros([16, BK], dtype=tl.float32)
+        acc_k = tl.zeros([16, BK], dtype=tl.float32)
+        if _diag_factorizable(b_ga, g_r, mi):
+            # pairs inside the block through r (module notes): Rq, Rk += e^{G_i − G_r} ⊙ dA[i, t] (k_t e^{G_r − G_t}),
+            # C_t += e^{G_r − G_t} ⊙ Σ_i dA[i, t] e^{G_i − G_r} ⊙ (q_i, β_i k_i)
+            lo = vi[:, None] & vi[None, :]
+            d_off = ri[:, None] * s_at + (bi * 16 + o16)[None, :]
+            t_off = ri[None, :] * s_at + (bi * 16 + o16)[:, None]  # transposed: rows t, columns i
+            aq_d = tl.load(aq_base + d_off, mask=lo & (o16[:, None] >= o16[None, :]), other=0.0)
+            am_d = tl.load(am_base + d_off, mask=lo & (o16[:, None] > o16[None, :]), other=0.0)
+            aq_t = tl.load(aq_base + t_off, mask=lo & (o16[:, None] <= o16[None, :]), other=0.0)
+            am_t = tl.load(am_base + t_off, mask=lo & (o16[:, None] < o16[None, :]), other=0.0)
+            b_kf = b_ka * _masked_exp(g_r[None, :] - b_ga, mi)
+            acc_q = _dot_f32(aq_d, b_kf, DT == tl.float32)
+            acc_k = _dot_f32(am_d, b_kf, DT == tl.float32)
+            b_C = _masked_exp(g_r[None, :] - b_ga, mi) * (_dot_f32(aq_t, b_qa * fac, DT == tl.float32)
+                                                           + _dot_f32(am_t, b_ka * fac * b_bi[:, None], DT == tl.float32))
+        else:
+            # exact per-pair exponentials (hard resets), one block row t at a time and no reductions: t as the
+            # column j of Rq/Rk (rows i >= t) and as the row i of C (rows j <= t)
+            for t in range(16):
+                # every per-row operand is loaded 2D ([1, BK] rows, [16, 1] columns): 1D loads took a layout of
+                # their own and cost shared-memory conversions (and barriers) every row on sm_90
+                r_t = r0 + t
+                ok_t = r_t < eos
+                mt = dm[None, :] & ok_t
+                k_t = tl.load(k_base + r_t * s_kt + d[None, :], mask=mt, other=0.0).to(tl.float32)
+                q_t = tl.load(q_base + r_t * s_qt + d[None, :], mask=mt, other=0.0).to(tl.float32)
+                g_t = tl.load(g_base + r_t * s_gt + d[None, :], mask=mt, other=0.0).to(tl.float32)
+                b_t = tl.load(beta_ptr + i_b * s_bb + r_t * s_bt + i_h * s_bh, mask=ok_t, other=0.0).to(tl.float32)
+                # column t and row t of the block's coefficients (j <= i for dAq, j < i for dAm)
+                c_t = bi * 16 + t
+                col = ri[:, None] * s_at + c_t
+                aq_c = tl.load(aq_base + col, mask=(vi & (o16 >= t))[:, None] & ok_t, other=0.0)
+                am_c = tl.load(am_base + col, mask=(vi & (o16 > t))[:, None] & ok_t, other=0.0)
+                row = r_t * s_at + bi * 16 + o16[:, None]
+                aq_r = tl.load(aq_base + row, mask=(o16 <= t)[:, None] & ok_t, other=0.0)
+                am_r = tl.load(am_base + row, mask=(o16 < t)[:, None] & ok_t, other=0.0)
+                # exponent arguments masked to the pairs (valid rows i >= t; rows j <= t with t valid), so every
+                # exp is <= 1 or of 0; the other entries meet a zero factor (masked loads), no outer where
+                e_c = tl.exp(tl.where(((o16 >= t) & vi)[:, None], b_ga - g_t, 0.0)) * k_t
+                b_Rq += aq_c * e_c
+                b_Rk += am_c * e_c
+                e_r = tl.exp(tl.where(((o16 <= t) & ok_t)[:, None], g_t - b_ga, 0.0))
+                b_C += e_r * (aq_r * q_t + (am_r * b_t) * k_t)
         # earlier columns j, one 16-row block at a time (small tiles keep the registers, hence the occupancy,
         # reasonable: whole [BT, BK] tiles took ~235 registers a thread): Rq, Rk += e^{G_i − G_r} ⊙ dA[i, j]
-        # (k_j e^{G_r − G_j}), reference r = the block's first row
-        if bi > 0:
-            g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
-            acc_q = tl.zeros([16, BK], dtype=tl.float32)
-            acc_k = tl.zeros([16, BK], dtype=tl.float32)
-            for jb in range(0, bi):
-                rj = start + jb * 16 + o16  # < r0 < eos: valid
-                mj = dm[None, :] & (rj >= 0)[:, None]
-                b_k = tl.load(k_base + rj[:, None] * s_kt + d[None, :], mask=mj, other=0.0).to(tl.float32)
-                b_g = tl.load(g_base + rj[:, None] * s_gt + d[None, :], mask=mj, other=0.0).to(tl.float32)
-                b_kj = b_k * tl.exp(tl.where(mj, g_r[None, :] - b_g, 0.0))
-                a_off = ri[:, None] * s_at + (jb * 16 + o16)[None, :]
-                b_aq = tl.load(aq_base + a_off, mask=vi[:, None], other=0.0)
-                b_am = tl.load(am_base + a_off, mask=vi[:, None], other=0.0)
-                acc_q += _dot(b_aq, b_kj, DT)
-                acc_k += _dot(b_am, b_kj, DT)
-            fac = _masked_exp(b_ga - g_r[None, :], mi)
-            b_Rq += fac * acc_q
-            b_Rk += fac * acc_k
+        # (k_j e^{G_r − G_j}), same reference r
+        for jb in range(0, bi):
+            rj = start + jb * 16 + o16  # < r0 < eos: valid
+            mj = dm[None, :] & (rj >= 0)[:, None]
+            b_k = tl.load(k_base + rj[:, None] * s_kt + d[None, :], mask=mj, other=0.0).to(tl.float32)
+            b_g = tl.load(g_base + rj[:, None] * s_gt + d[None, :], mask=mj, other=0.0).to(tl.float32)
+            b_kj = b_k * tl.exp(tl.where(mj, g_r[None, :] - b_g, 0.0))
+            a_off = ri[:, None] * s_at + (jb * 16 + o16)[None, :]
+            b_aq = tl.load(aq_base + a_off, mask=vi[:, None], other=0.0)
+            b_am = tl.load(am_base + a_off, mask=vi[:, None], other=0.0)
+            acc_q += _dot(b_aq, b_kj, DT)
+            acc_k += _dot(b_am, b_kj, DT)
+        b_Rq += fac * acc_q
+        b_Rk += fac * acc_k
         # later rows i, one 16-row block at a time: C_j += e^{G_s − G_j} ⊙ Σ_i dA[i, j] (e^{G_i − G_s} ⊙ (q_i,
         # β_i k_i)), reference s = r + 16, the first later row
         r1 = r0 + 16

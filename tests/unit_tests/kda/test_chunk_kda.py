@@ -140,6 +140,26 @@ def test_hard_reset_gates():
     _compare(_inputs(1, 64, 1, 2, 16, 16, torch.float16, gate=gate), chunk_size=64)
 
 
+def _half_channels_strong(g, gen):
+    """Strong decay (the recipe's) on the first half of the channels, 10x milder on the rest."""
+    strong = torch.arange(g.shape[-1]) < g.shape[-1] // 2
+    return torch.where(strong, g, g * 0.1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("regime", ["mild", "mixed_tiles", "spread_29", "spread_31"])
+def test_diagonal_block_paths(dtype, regime):
+    """The diagonal 16x16 blocks (Aqk, M and their backward) take one factored product per key tile whose gates
+    stay within ``DIAG_SPREAD`` (30) of the block's first row, else exact per-pair exponentials: mild gates
+    (every tile factored), strong decay on half the channels (K = 64: the Aqk kernel's two key tiles of 32 take
+    different paths in one block), and
+    constant gates just inside (15 · 1.95) and outside (15 · 2.1) the bound."""
+    gate = {"mild": None, "mixed_tiles": _half_channels_strong,
+            "spread_29": lambda g, gen: torch.full_like(g, -1.95), "spread_31": lambda g, gen: torch.full_like(g, -2.1)}
+    _compare(_inputs(1, 80, 1, 2, 64, 16, dtype, s=1.0 if regime == "mild" else 0.1, gate=gate[regime]),
+             chunk_size=64)
+
+
 @pytest.mark.parametrize("value", [-8.0, -4.0, 0.0])
 def test_constant_gates(value):
     """SPEC: constant per-channel gates (reduced from T = 8192): finite, within thresholds vs fp64."""
