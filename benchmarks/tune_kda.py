@@ -33,6 +33,9 @@ def main() -> None:
     ap.add_argument("--wy-configs", nargs="+", default=None, metavar="BK,BV,WARPS,STAGES",
                     help="wy_dqkg configurations to time (default: the whole grid); each is also run a second "
                          "time and compared with its own first output (a race shows there)")
+    ap.add_argument("--gate-s", type=float, default=None,
+                    help="gates g = logsigmoid(u) / s, u ~ U(0, 1) with 20%% zeros (the shared recipe: s = 0.1, the "
+                         "diagonal blocks' exact path); default g = logsigmoid(randn) (mostly the factored path)")
     ap.add_argument("--device", default="cuda", help="cpu: a check of the script itself (TRITON_INTERPRET=1)")
     a = ap.parse_args()
     dev, BT = a.device, 64
@@ -41,12 +44,18 @@ def main() -> None:
     B, T, H, HV, K = 1, a.T, a.H, a.HV, a.K
     q = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
-    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, K, device=dev))
+    if a.gate_s is None:
+        g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, K, device=dev))
+    else:
+        g = torch.nn.functional.logsigmoid(torch.rand(B, T, HV, K, device=dev)) / a.gate_s
+        g = g * (torch.rand(B, T, HV, K, device=dev) > 0.2)
     G = cumsum.forward(g, BT, False, None, None, None, torch.float32, None)
     beta = torch.rand(B, T, HV, device=dev).to(dt)
     dAq, dAm = (torch.randn(B, T, HV, BT, device=dev) for _ in range(2))
     bufs = [torch.randn(B, T, HV, K, device=dev) for _ in range(3)] + [torch.randn(B, T, HV, device=dev)]
-    print(f"B=1 T={T} H={H} HV={HV} K={K} BT={BT} {dt}; torch {torch.__version__}", flush=True)
+    print(f"B=1 T={T} H={H} HV={HV} K={K} BT={BT} {dt}; gates "
+          f"{'logsigmoid(randn)' if a.gate_s is None else f'logsigmoid(U) / {a.gate_s}'}; torch {torch.__version__}",
+          flush=True)
 
     configs = list(itertools.product((32, 64, 16), (4, 8, 2)))
     if "intra_bwd" in a.only:

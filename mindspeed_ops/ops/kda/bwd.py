@@ -106,10 +106,14 @@ def chunk_kda_bwd_dav(v_new: torch.Tensor, do: torch.Tensor, Aqk: torch.Tensor, 
 # ------------------------------------------------------------------------------------------------
 
 def wy_dqkg_config(K: int, V: int, BT: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """``(BK, BV, num_warps, num_stages)`` of ``kda_bwd_wy_dqkg_kernel``: 32-wide key tiles; at BT = 64 with
-    16-bit inputs 64-wide V tiles at 8 warps, else 32-wide (8 warps for fp32's IEEE products, 4 otherwise)."""
-    wide = BT == 64 and dtype != torch.float32
-    return _block_k(K, 32), _block_k(V, 64 if wide else 32), 8 if wide or dtype == torch.float32 else 4, 2
+    """``(BK, BV, num_warps, num_stages)`` of ``kda_bwd_wy_dqkg_kernel``: 32-wide key and V tiles. 16-bit inputs:
+    4 warps; at BT = 64 without software pipelining (H200 sweep at T = 8192, HV = 32, K = V = 128,
+    ``benchmarks/tune_kda.py``: 1.06 ms vs 1.33 ms for 64-wide V tiles at 8 warps, 68 bytes of spill on sm_90;
+    several pipelined 4-warp builds gave wrong results there, see docs/benchmarks/kda.md). fp32 (IEEE products):
+    8 warps, 2 stages."""
+    if dtype == torch.float32:
+        return _block_k(K, 32), _block_k(V, 32), 8, 2
+    return _block_k(K, 32), _block_k(V, 32), 4, 1 if BT == 64 else 2
 
 
 def wy_dqkg_forward(q, k, v, v_new, g, beta, A, h, do, dh, dv, scale: float, cu_host, cu_seqlens,

@@ -110,8 +110,12 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
             rk_i = _row_factor(rk_base, ri, vi, s_rt)
         last = tl.minimum(eos - start, BT) - 1
         acc = tl.zeros([16, BT], dtype=tl.float32)
-        b_d = tl.zeros([16, 16], dtype=tl.float32)
         acc_m = tl.zeros([16, BT], dtype=tl.float32)
+        # diagonal block: factored products (MMA layout) and exact per-pair sums (elementwise layout) kept apart,
+        # so the per-pair loop carries no layout conversion (two a column, with barriers, when they shared one)
+        b_dd = tl.zeros([16, 16], dtype=tl.float32)
+        b_dmd = tl.zeros([16, 16], dtype=tl.float32)
+        b_d = tl.zeros([16, 16], dtype=tl.float32)
         b_dm = tl.zeros([16, 16], dtype=tl.float32)
         for i_k in range((K + BK - 1) // BK):
             d = i_k * BK + tl.arange(0, BK)
@@ -137,9 +141,9 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                     b_kd = tl.load(k_base + ri[None, :] * s_kt + d[:, None], mask=md, other=0.0).to(tl.float32)
                     b_gd = tl.load(g_base + ri[None, :] * s_gt + d[:, None], mask=md, other=0.0).to(tl.float32)
                     b_kdf = b_kd * _masked_exp(g_r[:, None] - b_gd, md)
-                    b_d += _dot_f32(b_q * fac, b_kdf, DT == tl.float32)
+                    b_dd += _dot_f32(b_q * fac, b_kdf, DT == tl.float32)
                     if STORE_M:
-                        b_dm += _dot_f32(b_k * fac, b_kdf, DT == tl.float32)
+                        b_dmd += _dot_f32(b_k * fac, b_kdf, DT == tl.float32)
                 else:
                     for t in range(16):
                         r_t = r0 + t
@@ -166,6 +170,8 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                 tl.store(kg_ptr + i_b * s_yb + i_h * s_yh + ri[:, None] * s_yt + d[None, :],
                          b_kg.to(kg_ptr.dtype.element_ty), mask=mi)
         if STORE_A:
+            b_d += b_dd
+            b_dm += b_dmd
             a_base = a_ptr + i_b * s_ab + i_h * s_ah
             # earlier columns from acc (zeros after them), the diagonal block from b_d: disjoint stores
             keep = vi[:, None] & col_ok[None, :] & (o[None, :] < bi * 16)
@@ -444,6 +450,7 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
         fac = _masked_exp(b_ga - g_r[None, :], mi)  # e^{G_i − G_r}, reference r = the block's first row
         acc_q = tl.zeros([16, BK], dtype=tl.float32)
         acc_k = tl.zeros([16, BK], dtype=tl.float32)
+        acc_c = tl.zeros([16, BK], dtype=tl.float32)
         if _diag_factorizable(b_ga, g_r, mi):
             # pairs inside the block through r (module notes): Rq, Rk += e^{G_i − G_r} ⊙ dA[i, t] (k_t e^{G_r − G_t}),
             # C_t += e^{G_r − G_t} ⊙ Σ_i dA[i, t] e^{G_i − G_r} ⊙ (q_i, β_i k_i)
@@ -457,8 +464,9 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
             b_kf = b_ka * _masked_exp(g_r[None, :] - b_ga, mi)
             acc_q = _dot_f32(aq_d, b_kf, DT == tl.float32)
             acc_k = _dot_f32(am_d, b_kf, DT == tl.float32)
-            b_C = _masked_exp(g_r[None, :] - b_ga, mi) * (_dot_f32(aq_t, b_qa * fac, DT == tl.float32)
-                                                           + _dot_f32(am_t, b_ka * fac * b_bi[:, None], DT == tl.float32))
+            # into acc_c, not b_C: the per-pair loop's accumulators stay out of the MMA layout (see below)
+            acc_c = _masked_exp(g_r[None, :] - b_ga, mi) * (_dot_f32(aq_t, b_qa * fac, DT == tl.float32)
+                                                             + _dot_f32(am_t, b_ka * fac * b_bi[:, None], DT == tl.float32))
         else:
             # exact per-pair exponentials (hard resets), one block row t at a time and no reductions: t as the
             # column j of Rq/Rk (rows i >= t) and as the row i of C (rows j <= t)
@@ -503,6 +511,7 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
             acc_k += _dot(b_am, b_kj, DT)
         b_Rq += fac * acc_q
         b_Rk += fac * acc_k
+        b_C += acc_c
         # later rows i, one 16-row block at a time: C_j += e^{G_s − G_j} ⊙ Σ_i dA[i, j] (e^{G_i − G_s} ⊙ (q_i,
         # β_i k_i)), reference s = r + 16, the first later row
         r1 = r0 + 16
