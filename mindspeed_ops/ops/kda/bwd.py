@@ -108,9 +108,9 @@ def chunk_kda_bwd_dav(v_new: torch.Tensor, do: torch.Tensor, Aqk: torch.Tensor, 
 def wy_dqkg_config(K: int, V: int, BT: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
     """``(BK, BV, num_warps, num_stages)`` of ``kda_bwd_wy_dqkg_kernel``: 32-wide key and V tiles. 16-bit inputs:
     4 warps; at BT = 64 without software pipelining (H200 sweep at T = 8192, HV = 32, K = V = 128,
-    ``benchmarks/tune_kda.py``: 1.06 ms vs 1.33 ms for 64-wide V tiles at 8 warps, 68 bytes of spill on sm_90;
-    several pipelined 4-warp builds gave wrong results there, see docs/benchmarks/kda.md). fp32 (IEEE products):
-    8 warps, 2 stages."""
+    ``benchmarks/tune_kda.py``: 1.06 ms vs 1.33 ms for 64-wide V tiles at 8 warps; 68 bytes of spill on sm_90,
+    104 varlen; several pipelined 4-warp builds gave wrong results there, see docs/benchmarks/kda.md). fp32
+    (IEEE products): 8 warps, 2 stages."""
     if dtype == torch.float32:
         return _block_k(K, 32), _block_k(V, 32), 8, 2
     return _block_k(K, 32), _block_k(V, 32), 4, 1 if BT == 64 else 2
@@ -232,14 +232,25 @@ def intra_bwd_forward(q, k, gk, beta, dAq, dAm, dq, dk, dg, db, cu_host, cu_seql
         # db is a dot product over all K: with several key tiles each adds its share to a zeroed partial
         # buffer, summed afterwards in a fixed order (deterministic, no atomics)
         dbp = db.unsqueeze(0) if NK == 1 else torch.zeros((NK,) + tuple(db.shape), dtype=db.dtype, device=dev)
-        kda_bwd_intra_kernel[(NT * B * HV, BT // 16, NK)](
-            qq, kk, gg, bb, dAq, dAm, dq, dk, dg, dbp, dummy if cu is None else cu, dummy if idx is None else idx,
-            T, B * HV, HV, HV // H, *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *bb.stride(),
-            *dAq.stride()[:3], *dq.stride()[:3], *dbp.stride(),
-            K=K, BT=BT, BK=BK, IS_VARLEN=idx is not None, num_warps=nw)
+        grid = (NT * B * HV, BT // 16, NK)
+        # programs whose diagonal pairs need the exact path (hard resets): flagged by the first launch, their
+        # pairs added by a second
+        flags = torch.empty(grid, dtype=torch.int8, device=dev)
+        args = (qq, kk, gg, bb, dAq, dAm, dq, dk, dg, dbp, dummy if cu is None else cu, dummy if idx is None else idx,
+                T, B * HV, HV, HV // H, *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *bb.stride(),
+                *dAq.stride()[:3], *dq.stride()[:3], *dbp.stride(), flags)
+        kda_bwd_intra_kernel[grid](*args, K=K, BT=BT, BK=BK, IS_VARLEN=idx is not None, num_warps=nw)
+        kda_bwd_intra_kernel[grid](*args, K=K, BT=BT, BK=BK, IS_VARLEN=idx is not None, EXACT_DIAG=True,
+                                   num_warps=intra_bwd_exact_warps(K, kk.dtype))
         if NK > 1:
             db += dbp.sum(0)
     return dq, dk, dg, db
+
+
+def intra_bwd_exact_warps(K: int, dtype: torch.dtype) -> int:
+    """``num_warps`` of the intra backward's exact-diagonal launch (``EXACT_DIAG``; its key tile is
+    :func:`intra_bwd_config`'s, the flags are per program)."""
+    return intra_bwd_config(K, dtype)[1]
 
 
 def intra_bwd_config(K: int, dtype: torch.dtype) -> tuple[int, int]:

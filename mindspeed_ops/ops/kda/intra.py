@@ -27,6 +27,11 @@ def aqk_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
     return max(16, min(32, tu.next_power_of_2(K))), 8 if dtype == torch.float32 else 4
 
 
+def aqk_exact_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
+    """``(BK, num_warps)`` of the Aqk kernel's exact-diagonal launch (``EXACT_DIAG``): as :func:`aqk_config`."""
+    return aqk_config(K, dtype)
+
+
 def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float, cu_host: Optional[list],
                 cu_seqlens: Optional[torch.Tensor], BT: int, chunk_indices: Optional[torch.Tensor] = None, *,
                 store_a: bool = True, store_qg: bool = False, store_kg: bool = False,
@@ -62,14 +67,21 @@ def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float
             bb = tu.kernel_input(beta)
             m_args = dict(m_ptr=M, beta_ptr=bb, s_mb=M.stride(0), s_mt=M.stride(1), s_mh=M.stride(2),
                           s_bb=bb.stride(0), s_bt=bb.stride(1), s_bh=bb.stride(2), STORE_M=True)
-        kda_aqk_fwd_kernel[(NT * B * HV, BT // 16)](
-            qq, kk, gg, dummy if A is None else A, dummy if qg is None else qg, dummy if kg is None else kg,
-            dummy if cu is None else cu, dummy if idx is None else idx, rq_ptr, rk_ptr,
-            T, B * HV, HV, HV // H, float(scale),
-            *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *(A.stride()[:3] if A is not None else z3),
-            *(qg.stride()[:3] if qg is not None else z3), *(kg.stride()[:3] if kg is not None else z3), *sr,
-            K=K, BT=BT, BK=BK, STORE_A=store_a, STORE_QG=store_qg, STORE_KG=store_kg,
-            IS_VARLEN=idx is not None, HAS_R=rq is not None, num_warps=nw, **m_args)
+        grid = (NT * B * HV, BT // 16)
+        # blocks whose diagonal needs the exact path (hard resets): flagged by the first launch, done by a second
+        flags = torch.empty(grid, dtype=torch.int8, device=dev) if store_a else None
+        args = (qq, kk, gg, dummy if A is None else A, dummy if qg is None else qg, dummy if kg is None else kg,
+                dummy if cu is None else cu, dummy if idx is None else idx, rq_ptr, rk_ptr,
+                T, B * HV, HV, HV // H, float(scale),
+                *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *(A.stride()[:3] if A is not None else z3),
+                *(qg.stride()[:3] if qg is not None else z3), *(kg.stride()[:3] if kg is not None else z3), *sr)
+        kw = dict(K=K, BT=BT, BK=BK, STORE_A=store_a, IS_VARLEN=idx is not None, HAS_R=rq is not None, num_warps=nw,
+                  flag_ptr=flags, **m_args)
+        kda_aqk_fwd_kernel[grid](*args, STORE_QG=store_qg, STORE_KG=store_kg, **kw)
+        if store_a:
+            bk_x, nw_x = aqk_exact_config(K, kk.dtype)
+            kw.update(BK=bk_x, num_warps=nw_x)
+            kda_aqk_fwd_kernel[grid](*args, STORE_QG=False, STORE_KG=False, EXACT_DIAG=True, **kw)
     return tuple(None if t is None else tu.finish(t, dt) for t, dt in ((A, k.dtype), (qg, q.dtype), (kg, k.dtype),
                                                                        (M, torch.float32)))
 

@@ -14,8 +14,9 @@ pytestmark = COMPILE_ONLY_MARKS
 #: spill bytes allowed on sm_90 per kernel (16-bit inputs; fp32 builds are not bounded, their IEEE products
 #: run on the FMA units with larger register tiles). 0 for every kernel not listed (the intra-chunk backward,
 #: once allowed 64 bytes at BK = 64 / 4 warps, no longer spills: it works on 16-row tiles). The WY/state
-#: backward at 4 warps and one stage spills 68 bytes and still ran fastest on the H200 (bwd.wy_dqkg_config).
-SPILL_ALLOWED: dict = {"kda_bwd_wy_dqkg_kernel": 96}
+#: backward at 4 warps and one stage spills 68 bytes (104 varlen) and still ran fastest on the H200
+#: (bwd.wy_dqkg_config).
+SPILL_ALLOWED: dict = {"kda_bwd_wy_dqkg_kernel": 128}
 
 
 def _launches():
