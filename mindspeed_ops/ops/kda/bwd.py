@@ -248,18 +248,19 @@ def intra_bwd_forward(q, k, gk, beta, dAq, dAm, dq, dk, dg, db, cu_host, cu_seql
 
 
 def intra_bwd_exact_warps(K: int, dtype: torch.dtype) -> int:
-    """``num_warps`` of the intra backward's exact-diagonal launch (``EXACT_DIAG``; its key tile is
-    :func:`intra_bwd_config`'s, the flags are per program)."""
-    return intra_bwd_config(K, dtype)[1]
+    """``num_warps`` of the intra backward's exact-diagonal launch (``EXACT_DIAG``, flagged programs only; its key
+    tile is :func:`intra_bwd_config`'s, the flags are per program): 8 for fp32, 4 for 16-bit (H200 sweep with the
+    shared recipe's gates at BK = 64: 1, 2, 8 warps all slower)."""
+    return 8 if dtype == torch.float32 else 4
 
 
 def intra_bwd_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
-    """``(BK, num_warps)`` of ``kda_bwd_intra_kernel``. 16-bit: BK = 64 at 4 warps (168 registers, no spills on
-    sm_90; H200 sweeps in docs/benchmarks/kda.md, ``benchmarks/tune_kda.py``). fp32 (IEEE products on the FMA
-    units): 32 at 8 warps."""
+    """``(BK, num_warps)`` of ``kda_bwd_intra_kernel``'s main launch. 16-bit: BK = 64 at 2 warps (no spills on
+    sm_90; H200 sweeps in docs/benchmarks/kda.md, ``benchmarks/tune_kda.py``: 1147 vs 1271 µs at 4 warps with
+    mild gates, copies included). fp32 (IEEE products on the FMA units): 32 at 8 warps."""
     if dtype == torch.float32:
         return _block_k(K, 32), 8
-    return _block_k(K, 64), 4
+    return _block_k(K, 64), 2
 
 
 def chunk_kda_bwd_intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor, dAq: torch.Tensor,

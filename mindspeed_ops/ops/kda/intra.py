@@ -22,14 +22,21 @@ OP = "chunk_kda_fwd_intra"
 
 
 def aqk_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
-    """``(BK, num_warps)`` of the Aqk (and M) kernel; BK in [16, 32] (``tl.dot`` needs >= 16). fp32 at 8 warps:
-    at 4 it spills ~5 KB on sm_90 (compile-only check)."""
-    return max(16, min(32, tu.next_power_of_2(K))), 8 if dtype == torch.float32 else 4
+    """``(BK, num_warps)`` of the Aqk (and M) kernel's main launch; BK in [16, 32] (``tl.dot`` needs >= 16). fp32
+    at 8 warps: at 4 it spills ~5 KB on sm_90 (compile-only check). 16-bit: 16 at 2 warps (H200 sweeps at
+    T = 8192, HV = 32, K = 128, ``benchmarks/tune_kda.py``: fastest with mild gates, 542 vs 568 µs at 32 / 4)."""
+    if dtype == torch.float32:
+        return max(16, min(32, tu.next_power_of_2(K))), 8
+    return 16, 2
 
 
 def aqk_exact_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
-    """``(BK, num_warps)`` of the Aqk kernel's exact-diagonal launch (``EXACT_DIAG``): as :func:`aqk_config`."""
-    return aqk_config(K, dtype)
+    """``(BK, num_warps)`` of the Aqk kernel's exact-diagonal launch (``EXACT_DIAG``, flagged blocks only). fp32:
+    as :func:`aqk_config`; 16-bit: 32 at 1 warp (H200 sweep with the shared recipe's gates: 891 vs 1027 µs for
+    both launches at 32 / 4)."""
+    if dtype == torch.float32:
+        return aqk_config(K, dtype)
+    return max(16, min(32, tu.next_power_of_2(K))), 1
 
 
 def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float, cu_host: Optional[list],
