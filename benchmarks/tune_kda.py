@@ -29,14 +29,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     shape_args(ap, ("T", "H", "HV", "K"))
     ap.add_argument("--only", nargs="+", default=["intra_bwd", "aqk", "wy_dqkg"],
-                    choices=["intra_bwd", "intra_exact", "aqk", "aqk_exact", "wy_dqkg"],
-                    help="*_exact: the second (EXACT_DIAG) launch's configuration alone (it matters with --gate-s 0.1)")
+                    choices=["intra_bwd", "aqk", "wy_dqkg"])
     ap.add_argument("--wy-configs", nargs="+", default=None, metavar="BK,BV,WARPS,STAGES",
                     help="wy_dqkg configurations to time (default: the whole grid); each is also run a second "
                          "time and compared with its own first output (a race shows there)")
     ap.add_argument("--gate-s", type=float, default=None,
-                    help="gates g = logsigmoid(u) / s, u ~ U(0, 1) with 20%% zeros (the shared recipe: s = 0.1, the "
-                         "diagonal blocks' exact path); default g = logsigmoid(randn) (mostly the factored path)")
+                    help="gates g = logsigmoid(u) / s, u ~ U(0, 1) with 20%% zeros (the shared recipe: s = 0.1); "
+                         "default g = logsigmoid(randn)")
     ap.add_argument("--device", default="cuda", help="cpu: a check of the script itself (TRITON_INTERPRET=1)")
     a = ap.parse_args()
     dev, BT = a.device, 64
@@ -66,22 +65,17 @@ def main() -> None:
     def run():
         return bwd.intra_bwd_forward(q, k, G, beta, dAq, dAm, *fresh(), None, None)
 
-    if "intra_bwd" in a.only or "intra_exact" in a.only:
+    if "intra_bwd" in a.only:
         print(f"copying dq/dk/dg/db (included below): {_time(fresh, dev):.1f} us", flush=True)
-    if "intra_bwd" in a.only:  # both launches (the exact one takes the main one's key tile and warps)
         _tune(bwd, "intra_bwd_config", run, dev, K, dt, configs)
-    if "intra_exact" in a.only:
-        _tune(bwd, "intra_bwd_exact_warps", run, dev, K, dt, [(w,) for w in (1, 2, 4, 8)], ("warps",))
     # as the forward calls it: Aqk, M and kg, q/k l2norm rstd folded in
     rq, rk = (torch.rand(B, T, H, device=dev) + 0.5 for _ in range(2))
 
     def run_aqk():
         return intra.aqk_forward(q, k, G, K ** -0.5, None, None, BT, None, beta=beta, store_kg=True, rq=rq, rk=rk)
 
-    if "aqk" in a.only:  # both launches (aqk_exact_config follows aqk_config)
+    if "aqk" in a.only:
         _tune(intra, "aqk_config", run_aqk, dev, K, dt, configs)
-    if "aqk_exact" in a.only:
-        _tune(intra, "aqk_exact_config", run_aqk, dev, K, dt, list(itertools.product((16, 32, 64), (1, 2, 4))))
     if "wy_dqkg" in a.only:
         _tune_wy_dqkg(q, k, G, beta, dev, dt, BT, a.wy_configs)
 
@@ -120,13 +114,12 @@ def _tune_wy_dqkg(q, k, G, beta, dev, dt, BT, picked=None):
         bwd.wy_dqkg_config = orig
 
 
-def _tune(mod, name, run, dev, K, dt, configs, names=("BK", "warps")):
+def _tune(mod, name, run, dev, K, dt, configs):
     orig = getattr(mod, name)
     print(f"{name}: default {orig(K, dt)}: {_time(run, dev):8.1f} us", flush=True)
     ref = run()
-    one = len(names) == 1  # the hook returns a bare value
     try:
-        _sweep(run, ref, dev, names, lambda *c: setattr(mod, name, lambda *_: c[0] if one else c), configs)
+        _sweep(run, ref, dev, ("BK", "warps"), lambda bk, nw: setattr(mod, name, lambda *_: (bk, nw)), configs)
     finally:
         setattr(mod, name, orig)
 

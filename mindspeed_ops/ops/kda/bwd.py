@@ -232,35 +232,23 @@ def intra_bwd_forward(q, k, gk, beta, dAq, dAm, dq, dk, dg, db, cu_host, cu_seql
         # db is a dot product over all K: with several key tiles each adds its share to a zeroed partial
         # buffer, summed afterwards in a fixed order (deterministic, no atomics)
         dbp = db.unsqueeze(0) if NK == 1 else torch.zeros((NK,) + tuple(db.shape), dtype=db.dtype, device=dev)
-        grid = (NT * B * HV, BT // 16, NK)
-        # programs whose diagonal pairs need the exact path (hard resets): flagged by the first launch, their
-        # pairs added by a second
-        flags = torch.empty(grid, dtype=torch.int8, device=dev)
-        args = (qq, kk, gg, bb, dAq, dAm, dq, dk, dg, dbp, dummy if cu is None else cu, dummy if idx is None else idx,
-                T, B * HV, HV, HV // H, *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *bb.stride(),
-                *dAq.stride()[:3], *dq.stride()[:3], *dbp.stride(), flags)
-        kda_bwd_intra_kernel[grid](*args, K=K, BT=BT, BK=BK, IS_VARLEN=idx is not None, num_warps=nw)
-        kda_bwd_intra_kernel[grid](*args, K=K, BT=BT, BK=BK, IS_VARLEN=idx is not None, EXACT_DIAG=True,
-                                   num_warps=intra_bwd_exact_warps(K, kk.dtype))
+        kda_bwd_intra_kernel[(NT * B * HV, BT // 16, NK)](
+            qq, kk, gg, bb, dAq, dAm, dq, dk, dg, dbp, dummy if cu is None else cu, dummy if idx is None else idx,
+            T, B * HV, HV, HV // H, *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *bb.stride(),
+            *dAq.stride()[:3], *dq.stride()[:3], *dbp.stride(),
+            K=K, BT=BT, BK=BK, IS_VARLEN=idx is not None, num_warps=nw)
         if NK > 1:
             db += dbp.sum(0)
     return dq, dk, dg, db
 
 
-def intra_bwd_exact_warps(K: int, dtype: torch.dtype) -> int:
-    """``num_warps`` of the intra backward's exact-diagonal launch (``EXACT_DIAG``, flagged programs only; its key
-    tile is :func:`intra_bwd_config`'s, the flags are per program): 8 for fp32, 4 for 16-bit (H200 sweep with the
-    shared recipe's gates at BK = 64: 1, 2, 8 warps all slower)."""
-    return 8 if dtype == torch.float32 else 4
-
-
 def intra_bwd_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
-    """``(BK, num_warps)`` of ``kda_bwd_intra_kernel``'s main launch. 16-bit: BK = 64 at 2 warps (no spills on
-    sm_90; H200 sweeps in docs/benchmarks/kda.md, ``benchmarks/tune_kda.py``: 1147 vs 1271 µs at 4 warps with
-    mild gates, copies included). fp32 (IEEE products on the FMA units): 32 at 8 warps."""
+    """``(BK, num_warps)`` of ``kda_bwd_intra_kernel``. 16-bit: BK = 64 at 4 warps (168 registers, no spills on
+    sm_90; H200 sweeps in docs/benchmarks/kda.md, ``benchmarks/tune_kda.py``). fp32 (IEEE products on the FMA
+    units): 32 at 8 warps."""
     if dtype == torch.float32:
         return _block_k(K, 32), 8
-    return _block_k(K, 64), 2
+    return _block_k(K, 64), 4
 
 
 def chunk_kda_bwd_intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor, dAq: torch.Tensor,

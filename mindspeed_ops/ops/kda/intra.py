@@ -22,21 +22,9 @@ OP = "chunk_kda_fwd_intra"
 
 
 def aqk_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
-    """``(BK, num_warps)`` of the Aqk (and M) kernel's main launch; BK in [16, 32] (``tl.dot`` needs >= 16). fp32
-    at 8 warps: at 4 it spills ~5 KB on sm_90 (compile-only check). 16-bit: 16 at 2 warps (H200 sweeps at
-    T = 8192, HV = 32, K = 128, ``benchmarks/tune_kda.py``: fastest with mild gates, 542 vs 568 µs at 32 / 4)."""
-    if dtype == torch.float32:
-        return max(16, min(32, tu.next_power_of_2(K))), 8
-    return 16, 2
-
-
-def aqk_exact_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
-    """``(BK, num_warps)`` of the Aqk kernel's exact-diagonal launch (``EXACT_DIAG``, flagged blocks only). fp32:
-    as :func:`aqk_config`; 16-bit: 32 at 1 warp (H200 sweep with the shared recipe's gates: 891 vs 1027 µs for
-    both launches at 32 / 4)."""
-    if dtype == torch.float32:
-        return aqk_config(K, dtype)
-    return max(16, min(32, tu.next_power_of_2(K))), 1
+    """``(BK, num_warps)`` of the Aqk (and M) kernel; BK in [16, 32] (``tl.dot`` needs >= 16). fp32 at 8 warps:
+    at 4 it spills ~5 KB on sm_90 (compile-only check)."""
+    return max(16, min(32, tu.next_power_of_2(K))), 8 if dtype == torch.float32 else 4
 
 
 def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float, cu_host: Optional[list],
@@ -74,21 +62,14 @@ def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float
             bb = tu.kernel_input(beta)
             m_args = dict(m_ptr=M, beta_ptr=bb, s_mb=M.stride(0), s_mt=M.stride(1), s_mh=M.stride(2),
                           s_bb=bb.stride(0), s_bt=bb.stride(1), s_bh=bb.stride(2), STORE_M=True)
-        grid = (NT * B * HV, BT // 16)
-        # blocks whose diagonal needs the exact path (hard resets): flagged by the first launch, done by a second
-        flags = torch.empty(grid, dtype=torch.int8, device=dev) if store_a else None
-        args = (qq, kk, gg, dummy if A is None else A, dummy if qg is None else qg, dummy if kg is None else kg,
-                dummy if cu is None else cu, dummy if idx is None else idx, rq_ptr, rk_ptr,
-                T, B * HV, HV, HV // H, float(scale),
-                *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *(A.stride()[:3] if A is not None else z3),
-                *(qg.stride()[:3] if qg is not None else z3), *(kg.stride()[:3] if kg is not None else z3), *sr)
-        kw = dict(K=K, BT=BT, BK=BK, STORE_A=store_a, IS_VARLEN=idx is not None, HAS_R=rq is not None, num_warps=nw,
-                  flag_ptr=flags, **m_args)
-        kda_aqk_fwd_kernel[grid](*args, STORE_QG=store_qg, STORE_KG=store_kg, **kw)
-        if store_a:
-            bk_x, nw_x = aqk_exact_config(K, kk.dtype)
-            kw.update(BK=bk_x, num_warps=nw_x)
-            kda_aqk_fwd_kernel[grid](*args, STORE_QG=False, STORE_KG=False, EXACT_DIAG=True, **kw)
+        kda_aqk_fwd_kernel[(NT * B * HV, BT // 16)](
+            qq, kk, gg, dummy if A is None else A, dummy if qg is None else qg, dummy if kg is None else kg,
+            dummy if cu is None else cu, dummy if idx is None else idx, rq_ptr, rk_ptr,
+            T, B * HV, HV, HV // H, float(scale),
+            *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *(A.stride()[:3] if A is not None else z3),
+            *(qg.stride()[:3] if qg is not None else z3), *(kg.stride()[:3] if kg is not None else z3), *sr,
+            K=K, BT=BT, BK=BK, STORE_A=store_a, STORE_QG=store_qg, STORE_KG=store_kg,
+            IS_VARLEN=idx is not None, HAS_R=rq is not None, num_warps=nw, **m_args)
     return tuple(None if t is None else tu.finish(t, dt) for t, dt in ((A, k.dtype), (qg, q.dtype), (kg, k.dtype),
                                                                        (M, torch.float32)))
 

@@ -15,10 +15,6 @@ exponential of the masked difference. Pairs across blocks use ``tl.dot`` of fact
 ``e^{G_i − G_r}`` (rows ``i ≥ r``) and ``e^{G_r − G_j}`` (columns ``j < r``), with the reference ``r``
 the **first row of the row block**: both arguments are ``≤ 0`` for non-positive gates (gates down to
 −1000 never overflow), and no quantity a row uses depends on a later row (bitwise causality).
-The diagonal blocks take the same factored product (through ``r``, one factor then ``≥ 1``) per key tile whose
-gates stay within ``DIAG_SPREAD`` of row ``r`` (realistic decays: ``g ≥ −2`` always do), with
-fp32 operands (TF32 products for 16-bit inputs, IEEE for fp32); other tiles (hard resets) take the exact
-per-pair exponentials one column or row at a time. The spread test reads only the block's own rows.
 """
 import triton
 import triton.language as tl
@@ -43,52 +39,9 @@ def _masked_exp(x, m):
     return tl.where(m, tl.exp(tl.where(m, x, 0.0)), 0.0)
 
 
-# largest |G_i − G_r| over a 16-row block (reference r its first row) for which its diagonal block is one
-# product of e^{G_i − G_r}-scaled rows with e^{G_r − G_t}-scaled columns: both factors stay within e^{±30} and
-# the pairs j > i it also forms within e^{60}, finite in fp32 (and dropped)
-DIAG_SPREAD = tl.constexpr(30.0)
-
-
-@triton.jit
-def _diag_factorizable(b_g, g_r, m):
-    """Whether the ``[16, BK]`` gate tile ``b_g`` stays within ``DIAG_SPREAD`` of its reference row ``g_r``
-    (entries where ``m``); a scalar, the same for the whole program."""
-    return tl.max(tl.max(tl.where(m, tl.abs(b_g - g_r[None, :]), 0.0), 1), 0) <= DIAG_SPREAD
-
-
-@triton.jit
-def _dot_f32(a, b, EXACT: tl.constexpr):
-    """``a @ b`` of fp32 operands: IEEE for fp32 inputs (SPEC 0.5), else TF32 (for 16-bit inputs: more
-    mantissa than bf16 and fp32's exponent range, which the e^{±30} factors need)."""
-    if EXACT:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b, input_precision="tf32")
-
-
 # ------------------------------------------------------------------------------------------------
 # chunk_kda_fwd_intra (SPEC 1.11.1): Aqk, and the elementwise qg / kg
 # ------------------------------------------------------------------------------------------------
-
-@triton.jit
-def _store_diag_blocks(b_d, b_dm, a_base, s_at, m_base, s_mt, beta_base, s_bt, ri, vi, bi, scale, r_i, rk_i, ok,
-                       HAS_R: tl.constexpr, STORE_M: tl.constexpr):
-    """Stores a row block's diagonal 16x16 blocks (where the scalar ``ok``): ``Aqk`` (``j ≤ i``, scaled) from
-    ``b_d`` and, with ``STORE_M``, ``M`` (``j < i``, times ``β_i``) from ``b_dm``; ``r_i``, ``rk_i``: the rows'
-    l2norm rstd of q and k (``HAS_R``). Entries ``j > i`` of ``b_d``/``b_dm`` are dropped (any value)."""
-    o16 = tl.arange(0, 16)
-    cols = (bi * 16 + o16)[None, :]
-    m = vi[:, None] & ok
-    if HAS_R:
-        b_d = b_d * (r_i[:, None] * rk_i[None, :])
-        b_dm = b_dm * (rk_i[:, None] * rk_i[None, :])
-    tl.store(a_base + ri[:, None] * s_at + cols,
-             tl.where(o16[:, None] >= o16[None, :], b_d * scale, 0.0).to(a_base.dtype.element_ty), mask=m)
-    if STORE_M:
-        b_bi = tl.load(beta_base + ri * s_bt, mask=vi, other=0.0).to(tl.float32)
-        tl.store(m_base + ri[:, None] * s_mt + cols,
-                 tl.where(o16[:, None] > o16[None, :], b_dm * b_bi[:, None], 0.0).to(m_base.dtype.element_ty), mask=m)
-
 
 @triton.jit
 def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_ptr, rq_ptr, rk_ptr, T, BHV, HV, GRP,
@@ -97,8 +50,7 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                        K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, STORE_A: tl.constexpr,
                        STORE_QG: tl.constexpr, STORE_KG: tl.constexpr, IS_VARLEN: tl.constexpr,
                        HAS_R: tl.constexpr = False, m_ptr=None, beta_ptr=None, s_mb=0, s_mt=0, s_mh=0,
-                       s_bb=0, s_bt=0, s_bh=0, STORE_M: tl.constexpr = False, flag_ptr=None,
-                       EXACT_DIAG: tl.constexpr = False):
+                       s_bb=0, s_bt=0, s_bh=0, STORE_M: tl.constexpr = False):
     """``Aqk[i, j] = scale·Σ_d q_{i,d} k_{j,d} e^{G_{i,d} − G_{j,d}}`` for ``j ≤ i`` (valid), else 0, of one
     chunk and value head (``STORE_A``); with ``STORE_M`` (needs ``STORE_A``) also
     ``M[i, j] = β_i Σ_d k_{i,d} k_{j,d} e^{G_{i,d} − G_{j,d}}`` for ``j < i`` (fp32; GDN's per-channel kkt),
@@ -108,19 +60,11 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
     Grid ``(chunks · B · HV, BT / 16)``: one 16-row block per program (the blocks are independent; one
     program looping over a chunk's four blocks took 1.04 ms at T = 8192, HV = 32 on the H200).
     Rows in 16-row blocks starting at ``r``: columns of earlier blocks (``j < r``) by ``tl.dot`` of
-    ``q_i e^{G_i − G_r}`` (``k_i e^{G_i − G_r}``) with ``k_j e^{G_r − G_j}``; the diagonal 16x16 block by the
-    same product through ``r`` when every key tile's gates allow it (``_diag_factorizable``). Otherwise the
-    block's flag (``flag_ptr``, int8 per program) is set and its diagonal blocks are left to a second launch
-    with ``EXACT_DIAG`` (``STORE_A`` only), which computes them for flagged blocks only, one column ``t`` at a
-    time with the exact masked ``e^{G_i − G_t}`` on ``[16, BK]`` tiles: two specializations, so neither path's
-    registers limit the other's occupancy (one kernel with both paths ran 1.6 ms at the shared recipe's gates
-    vs 0.91 for the exact path alone, H200). ``qg``/``kg`` come from the same tiles."""
+    ``q_i e^{G_i − G_r}`` (``k_i e^{G_i − G_r}``) with ``k_j e^{G_r − G_j}``; the diagonal 16x16 block one
+    column ``t`` at a time, with the exact masked ``e^{G_i − G_t}`` on a ``[16, BK]`` tile (no per-pair
+    ``[16, 16, BK]`` tensor), stored apart from the rest."""
     i_b, i_h, i_hk, bi, start, eos, r0 = _row_block(BHV, HV, GRP, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
-    i_flag = tl.program_id(0).to(tl.int64) * (BT // 16) + bi  # flag_ptr: [grid axis 0, BT / 16] int8
-    run = r0 < eos
-    if EXACT_DIAG:
-        run = run & (tl.load(flag_ptr + i_flag, mask=run, other=0) != 0)
-    if run:
+    if r0 < eos:
         o = tl.arange(0, BT)
         o16 = tl.arange(0, 16)
         cols = start + o
@@ -133,25 +77,29 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
         DT = k_ptr.dtype.element_ty
         rq_base = rq_ptr + i_b * s_rb + i_hk * s_rh  # HAS_R: q, k raw, rq/rk their l2norm rstd (same layout)
         rk_base = rk_ptr + i_b * s_rb + i_hk * s_rh
-        r_i = tl.zeros([16], dtype=tl.float32)
-        rk_i = r_i
-        if HAS_R:
-            r_i = _row_factor(rq_base, ri, vi, s_rt)
-            rk_i = _row_factor(rk_base, ri, vi, s_rt)
-        last = tl.minimum(eos - start, BT) - 1
-        acc = tl.zeros([16, BT], dtype=tl.float32)
-        acc_m = tl.zeros([16, BT], dtype=tl.float32)
-        b_d = tl.zeros([16, 16], dtype=tl.float32)
-        b_dm = tl.zeros([16, 16], dtype=tl.float32)
-        n_exact = tl.full([], 0, dtype=tl.int32)  # key tiles whose diagonal block needs the exact path
-        for i_k in range((K + BK - 1) // BK):
-            d = i_k * BK + tl.arange(0, BK)
-            dm = d < K
-            mi = vi[:, None] & dm[None, :]
-            b_q = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-            b_k = tl.load(k_base + ri[:, None] * s_kt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-            b_g = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-            if EXACT_DIAG:
+        if STORE_A:
+            a_base = a_ptr + i_b * s_ab + i_h * s_ah
+            acc = tl.zeros([16, BT], dtype=tl.float32)
+            b_d = tl.zeros([16, 16], dtype=tl.float32)
+            acc_m = tl.zeros([16, BT], dtype=tl.float32)
+            b_dm = tl.zeros([16, 16], dtype=tl.float32)
+            for i_k in range((K + BK - 1) // BK):
+                d = i_k * BK + tl.arange(0, BK)
+                dm = d < K
+                mi = vi[:, None] & dm[None, :]
+                b_q = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+                b_k = tl.load(k_base + ri[:, None] * s_kt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+                b_g = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+                if bi > 0:
+                    g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+                    fac = _masked_exp(b_g - g_r[None, :], mi)
+                    mj = dm[:, None] & ((o < bi * 16) & col_ok)[None, :]
+                    b_kt = tl.load(k_base + cols[None, :] * s_kt + d[:, None], mask=mj, other=0.0).to(tl.float32)
+                    b_gt = tl.load(g_base + cols[None, :] * s_gt + d[:, None], mask=mj, other=0.0).to(tl.float32)
+                    b_kj = b_kt * _masked_exp(g_r[:, None] - b_gt, mj)
+                    acc += _dot(b_q * fac, b_kj, DT)
+                    if STORE_M:
+                        acc_m += _dot(b_k * fac, b_kj, DT)
                 for t in range(16):
                     r_t = r0 + t
                     mt = dm & (r_t < eos)
@@ -162,72 +110,50 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                     b_d += tl.where(at_t, tl.sum(b_q * e_c, 1)[:, None], 0.0)
                     if STORE_M:
                         b_dm += tl.where(at_t, tl.sum(b_k * e_c, 1)[:, None], 0.0)
-            else:
-                if STORE_A:
-                    g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
-                    fac = _masked_exp(b_g - g_r[None, :], mi)
-                    if bi > 0:
-                        mj = dm[:, None] & ((o < bi * 16) & col_ok)[None, :]
-                        b_kt = tl.load(k_base + cols[None, :] * s_kt + d[:, None], mask=mj, other=0.0).to(tl.float32)
-                        b_gt = tl.load(g_base + cols[None, :] * s_gt + d[:, None], mask=mj, other=0.0).to(tl.float32)
-                        b_kj = b_kt * _masked_exp(g_r[:, None] - b_gt, mj)
-                        acc += _dot(b_q * fac, b_kj, DT)
-                        if STORE_M:
-                            acc_m += _dot(b_k * fac, b_kj, DT)
-                    ok = _diag_factorizable(b_g, g_r, mi)
-                    n_exact += tl.where(ok, 0, 1)
-                    if ok:
-                        # diagonal block by one product through the same reference row r (module notes)
-                        md = dm[:, None] & vi[None, :]
-                        b_kd = tl.load(k_base + ri[None, :] * s_kt + d[:, None], mask=md, other=0.0).to(tl.float32)
-                        b_gd = tl.load(g_base + ri[None, :] * s_gt + d[:, None], mask=md, other=0.0).to(tl.float32)
-                        b_kdf = b_kd * _masked_exp(g_r[:, None] - b_gd, md)
-                        b_d += _dot_f32(b_q * fac, b_kdf, DT == tl.float32)
-                        if STORE_M:
-                            b_dm += _dot_f32(b_k * fac, b_kdf, DT == tl.float32)
-                # the elementwise outputs from the tiles just loaded
-                if STORE_QG:
-                    b_qg = b_q * _masked_exp(b_g, mi)
-                    if HAS_R:
-                        b_qg = b_qg * r_i[:, None]
-                    tl.store(qg_ptr + i_b * s_xb + i_h * s_xh + ri[:, None] * s_xt + d[None, :],
-                             b_qg.to(qg_ptr.dtype.element_ty), mask=mi)
-                if STORE_KG:
-                    g_last = tl.load(g_base + (start + last) * s_gt + d, mask=dm, other=0.0).to(tl.float32)
-                    b_kg = b_k * _masked_exp(g_last[None, :] - b_g, mi)
-                    if HAS_R:
-                        b_kg = b_kg * rk_i[:, None]
-                    tl.store(kg_ptr + i_b * s_yb + i_h * s_yh + ri[:, None] * s_yt + d[None, :],
-                             b_kg.to(kg_ptr.dtype.element_ty), mask=mi)
-        if STORE_A:
-            a_base = a_ptr + i_b * s_ab + i_h * s_ah
-            m_base = a_base  # unused without STORE_M (m_ptr, beta_ptr None)
-            beta_base = a_base
+            # earlier columns from acc (zeros after them), the diagonal block from b_d: disjoint stores
+            keep = vi[:, None] & col_ok[None, :] & (o[None, :] < bi * 16)
+            off_diag = vi[:, None] & ((o < bi * 16) | (o >= bi * 16 + 16))[None, :]
+            if HAS_R:
+                r_i = _row_factor(rq_base, ri, vi, s_rt)
+                rk_i = _row_factor(rk_base, ri, vi, s_rt)
+                rk_j = _row_factor(rk_base, cols, col_ok, s_rt)
+                acc = acc * (r_i[:, None] * rk_j[None, :])
+                b_d = b_d * (r_i[:, None] * rk_i[None, :])
+                if STORE_M:
+                    acc_m = acc_m * (rk_i[:, None] * rk_j[None, :])
+                    b_dm = b_dm * (rk_i[:, None] * rk_i[None, :])
+            acc = tl.where(keep, acc * scale, 0.0)
+            tl.store(a_base + ri[:, None] * s_at + o[None, :], acc.to(a_ptr.dtype.element_ty), mask=off_diag)
+            tl.store(a_base + ri[:, None] * s_at + (bi * 16 + o16)[None, :], (b_d * scale).to(a_ptr.dtype.element_ty),
+                     mask=vi[:, None])
             if STORE_M:
                 m_base = m_ptr + i_b * s_mb + i_h * s_mh
-                beta_base = beta_ptr + i_b * s_bb + i_h * s_bh
-            if EXACT_DIAG:
-                _store_diag_blocks(b_d, b_dm, a_base, s_at, m_base, s_mt, beta_base, s_bt, ri, vi, bi, scale, r_i,
-                                   rk_i, True, HAS_R, STORE_M)
-            else:
-                # earlier columns from acc (zeros after them), the diagonal block from b_d: disjoint stores
-                keep = vi[:, None] & col_ok[None, :] & (o[None, :] < bi * 16)
-                off_diag = vi[:, None] & ((o < bi * 16) | (o >= bi * 16 + 16))[None, :]
-                if HAS_R:
-                    rk_j = _row_factor(rk_base, cols, col_ok, s_rt)
-                    acc = acc * (r_i[:, None] * rk_j[None, :])
-                    if STORE_M:
-                        acc_m = acc_m * (rk_i[:, None] * rk_j[None, :])
-                acc = tl.where(keep, acc * scale, 0.0)
-                tl.store(a_base + ri[:, None] * s_at + o[None, :], acc.to(a_ptr.dtype.element_ty), mask=off_diag)
-                if STORE_M:
-                    b_bi = tl.load(beta_base + ri * s_bt, mask=vi, other=0.0).to(tl.float32)
-                    acc_m = tl.where(keep, acc_m * b_bi[:, None], 0.0)
-                    tl.store(m_base + ri[:, None] * s_mt + o[None, :], acc_m.to(m_ptr.dtype.element_ty),
-                             mask=off_diag)
-                _store_diag_blocks(b_d, b_dm, a_base, s_at, m_base, s_mt, beta_base, s_bt, ri, vi, bi, scale, r_i,
-                                   rk_i, n_exact == 0, HAS_R, STORE_M)
-                tl.store(flag_ptr + i_flag, (n_exact > 0).to(tl.int8))
+                b_bi = tl.load(beta_ptr + i_b * s_bb + ri * s_bt + i_h * s_bh, mask=vi, other=0.0).to(tl.float32)
+                acc_m = tl.where(keep, acc_m * b_bi[:, None], 0.0)
+                b_dm = tl.where(vi[:, None] & (o16[:, None] > o16[None, :]), b_dm * b_bi[:, None], 0.0)
+                tl.store(m_base + ri[:, None] * s_mt + o[None, :], acc_m.to(m_ptr.dtype.element_ty), mask=off_diag)
+                tl.store(m_base + ri[:, None] * s_mt + (bi * 16 + o16)[None, :], b_dm.to(m_ptr.dtype.element_ty),
+                         mask=vi[:, None])
+        if STORE_QG or STORE_KG:
+            last = tl.minimum(eos - start, BT) - 1
+            for i_k in range((K + BK - 1) // BK):
+                d = i_k * BK + tl.arange(0, BK)
+                dm = d < K
+                m = vi[:, None] & dm[None, :]
+                b_g = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=m, other=0.0).to(tl.float32)
+                if STORE_QG:
+                    b_q = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=m, other=0.0).to(tl.float32)
+                    if HAS_R:
+                        b_q = b_q * _row_factor(rq_base, ri, vi, s_rt)[:, None]
+                    tl.store(qg_ptr + i_b * s_xb + i_h * s_xh + ri[:, None] * s_xt + d[None, :],
+                             (b_q * _masked_exp(b_g, m)).to(qg_ptr.dtype.element_ty), mask=m)
+                if STORE_KG:
+                    g_last = tl.load(g_base + (start + last) * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+                    b_k = tl.load(k_base + ri[:, None] * s_kt + d[None, :], mask=m, other=0.0).to(tl.float32)
+                    if HAS_R:
+                        b_k = b_k * _row_factor(rk_base, ri, vi, s_rt)[:, None]
+                    tl.store(kg_ptr + i_b * s_yb + i_h * s_yh + ri[:, None] * s_yt + d[None, :],
+                             (b_k * _masked_exp(g_last[None, :] - b_g, m)).to(kg_ptr.dtype.element_ty), mask=m)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -432,9 +358,8 @@ def kda_bwd_wy_dqkg_kernel(q_ptr, k_ptr, v_ptr, vn_ptr, g_ptr, beta_ptr, a_ptr, 
 def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr,
                          cu_ptr, idx_ptr, T, BHV, HV, GRP,
                          s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
-                         s_ab, s_at, s_ah, s_xb, s_xt, s_xh, s_zk, s_zb, s_zt, s_zh, flag_ptr,
-                         K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr,
-                         EXACT_DIAG: tl.constexpr = False):
+                         s_ab, s_at, s_ah, s_xb, s_xt, s_xh, s_zk, s_zb, s_zt, s_zh,
+                         K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr):
     """Adds the intra-chunk gradients of one chunk, value head, 16-row block and ``BK`` channels to ``dq, dk,
     dg`` (fp32, per value head, updated in place) and its channels' share of ``db`` to ``db[i_k]`` (fp32,
     ``s_zk`` apart per key tile; updated in place), given ``dAq`` (cotangent of ``Aqk/scale``, ``j ≤ i``) and
@@ -448,22 +373,13 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
     channels are independent but for ``db``'s dot product, hence its per-tile partial sums). For the block
     starting at ``r``: the row sums over earlier columns use the reference ``r`` (``e^{G_i − G_r}`` x
     ``e^{G_r − G_j}``); the column sums over later rows use the reference ``r + 16``, the first row of those
-    rows (``e^{G_i − G_{r+16}}`` x ``e^{G_{r+16} − G_j}``); pairs inside the block: four ``[16, 16] x [16, BK]``
-    products through ``r`` when the tile's gates allow it (``_diag_factorizable``). Otherwise the program sets
-    its flag (``flag_ptr``, int8 per program) and a second launch with ``EXACT_DIAG`` adds those pairs for the
-    flagged programs only, with the exact masked exponential, one block row at a time on ``[16, BK]`` tiles and
-    no reductions (a ``[16, 16, BK]`` per-pair tensor and its 3D sums made this kernel 7.6 of a 13 ms KDA
-    training step at T = 8192, H200; one program per chunk and head looping over the blocks and tiles, 2.3 ms).
-    Two specializations, so neither path's registers limit the other's occupancy (one kernel with both: 2.43
-    ms at the shared recipe's gates vs 1.54 for the exact path alone, H200)."""
+    rows (``e^{G_i − G_{r+16}}`` x ``e^{G_{r+16} − G_j}``); pairs inside the block get the exact masked
+    exponential, one block row at a time on ``[16, BK]`` tiles, with no reductions (a ``[16, 16, BK]``
+    per-pair tensor and its 3D sums made this kernel 7.6 of a 13 ms KDA training step at T = 8192, H200;
+    one program per chunk and head looping over the blocks and tiles, 2.3 ms)."""
     i_b, i_h, i_hk, bi, start, eos, r0 = _row_block(BHV, HV, GRP, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
     i_k = tl.program_id(2)
-    # flag_ptr: [grid axis 0, BT / 16, NK] int8
-    i_flag = (tl.program_id(0).to(tl.int64) * (BT // 16) + bi) * tl.num_programs(2) + i_k
-    run = r0 < eos
-    if EXACT_DIAG:
-        run = run & (tl.load(flag_ptr + i_flag, mask=run, other=0) != 0)
-    if run:
+    if r0 < eos:
         o = tl.arange(0, BT)
         o16 = tl.arange(0, 16)
         rows = start + o
@@ -486,62 +402,42 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
         b_Rq = tl.zeros([16, BK], dtype=tl.float32)
         b_Rk = tl.zeros([16, BK], dtype=tl.float32)
         b_C = tl.zeros([16, BK], dtype=tl.float32)
-        if EXACT_DIAG:
-            # exact per-pair exponentials (hard resets), one block row t at a time and no reductions: t as the
-            # column j of Rq/Rk (rows i >= t) and as the row i of C (rows j <= t)
-            for t in range(16):
-                # every per-row operand is loaded 2D ([1, BK] rows, [16, 1] columns): 1D loads took a layout of
-                # their own and cost shared-memory conversions (and barriers) every row on sm_90
-                r_t = r0 + t
-                ok_t = r_t < eos
-                mt = dm[None, :] & ok_t
-                k_t = tl.load(k_base + r_t * s_kt + d[None, :], mask=mt, other=0.0).to(tl.float32)
-                q_t = tl.load(q_base + r_t * s_qt + d[None, :], mask=mt, other=0.0).to(tl.float32)
-                g_t = tl.load(g_base + r_t * s_gt + d[None, :], mask=mt, other=0.0).to(tl.float32)
-                b_t = tl.load(beta_ptr + i_b * s_bb + r_t * s_bt + i_h * s_bh, mask=ok_t,
-                              other=0.0).to(tl.float32)
-                # column t and row t of the block's coefficients (j <= i for dAq, j < i for dAm)
-                c_t = bi * 16 + t
-                col = ri[:, None] * s_at + c_t
-                aq_c = tl.load(aq_base + col, mask=(vi & (o16 >= t))[:, None] & ok_t, other=0.0)
-                am_c = tl.load(am_base + col, mask=(vi & (o16 > t))[:, None] & ok_t, other=0.0)
-                row = r_t * s_at + bi * 16 + o16[:, None]
-                aq_r = tl.load(aq_base + row, mask=(o16 <= t)[:, None] & ok_t, other=0.0)
-                am_r = tl.load(am_base + row, mask=(o16 < t)[:, None] & ok_t, other=0.0)
-                # exponent arguments masked to the pairs (valid rows i >= t; rows j <= t with t valid), so every
-                # exp is <= 1 or of 0; the other entries meet a zero factor (masked loads), no outer where
-                e_c = tl.exp(tl.where(((o16 >= t) & vi)[:, None], b_ga - g_t, 0.0)) * k_t
-                b_Rq += aq_c * e_c
-                b_Rk += am_c * e_c
-                e_r = tl.exp(tl.where(((o16 <= t) & ok_t)[:, None], g_t - b_ga, 0.0))
-                b_C += e_r * (aq_r * q_t + (am_r * b_t) * k_t)
-        else:
+        # pairs inside the block first (so the accumulators enter the loop in the elementwise layout: after
+        # the dot products they come in the MMA layout, and each row cost three shared-memory conversions),
+        # exact per-pair exponentials, one block row t at a time and no reductions: t as the column j of
+        # Rq/Rk (rows i >= t) and as the row i of C (rows j <= t)
+        for t in range(16):
+            # every per-row operand is loaded 2D ([1, BK] rows, [16, 1] columns): 1D loads took a layout of
+            # their own and cost shared-memory conversions (and barriers) every row on sm_90
+            r_t = r0 + t
+            ok_t = r_t < eos
+            mt = dm[None, :] & ok_t
+            k_t = tl.load(k_base + r_t * s_kt + d[None, :], mask=mt, other=0.0).to(tl.float32)
+            q_t = tl.load(q_base + r_t * s_qt + d[None, :], mask=mt, other=0.0).to(tl.float32)
+            g_t = tl.load(g_base + r_t * s_gt + d[None, :], mask=mt, other=0.0).to(tl.float32)
+            b_t = tl.load(beta_ptr + i_b * s_bb + r_t * s_bt + i_h * s_bh, mask=ok_t, other=0.0).to(tl.float32)
+            # column t and row t of the block's coefficients (j <= i for dAq, j < i for dAm)
+            c_t = bi * 16 + t
+            col = ri[:, None] * s_at + c_t
+            aq_c = tl.load(aq_base + col, mask=(vi & (o16 >= t))[:, None] & ok_t, other=0.0)
+            am_c = tl.load(am_base + col, mask=(vi & (o16 > t))[:, None] & ok_t, other=0.0)
+            row = r_t * s_at + bi * 16 + o16[:, None]
+            aq_r = tl.load(aq_base + row, mask=(o16 <= t)[:, None] & ok_t, other=0.0)
+            am_r = tl.load(am_base + row, mask=(o16 < t)[:, None] & ok_t, other=0.0)
+            # exponent arguments masked to the pairs (valid rows i >= t; rows j <= t with t valid), so every
+            # exp is <= 1 or of 0; the other entries meet a zero factor (masked loads) and need no outer where
+            e_c = tl.exp(tl.where(((o16 >= t) & vi)[:, None], b_ga - g_t, 0.0)) * k_t
+            b_Rq += aq_c * e_c
+            b_Rk += am_c * e_c
+            e_r = tl.exp(tl.where(((o16 <= t) & ok_t)[:, None], g_t - b_ga, 0.0))
+            b_C += e_r * (aq_r * q_t + (am_r * b_t) * k_t)
+        # earlier columns j, one 16-row block at a time (small tiles keep the registers, hence the occupancy,
+        # reasonable: whole [BT, BK] tiles took ~235 registers a thread): Rq, Rk += e^{G_i − G_r} ⊙ dA[i, j]
+        # (k_j e^{G_r − G_j}), reference r = the block's first row
+        if bi > 0:
             g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
-            fac = _masked_exp(b_ga - g_r[None, :], mi)  # e^{G_i − G_r}, reference r = the block's first row
             acc_q = tl.zeros([16, BK], dtype=tl.float32)
             acc_k = tl.zeros([16, BK], dtype=tl.float32)
-            acc_c = tl.zeros([16, BK], dtype=tl.float32)
-            ok = _diag_factorizable(b_ga, g_r, mi)
-            tl.store(flag_ptr + i_flag, tl.where(ok, 0, 1).to(tl.int8))
-            if ok:
-                # pairs inside the block through r (module notes): Rq, Rk += e^{G_i − G_r} ⊙ dA[i, t]
-                # (k_t e^{G_r − G_t}), C_t += e^{G_r − G_t} ⊙ Σ_i dA[i, t] e^{G_i − G_r} ⊙ (q_i, β_i k_i)
-                lo = vi[:, None] & vi[None, :]
-                d_off = ri[:, None] * s_at + (bi * 16 + o16)[None, :]
-                t_off = ri[None, :] * s_at + (bi * 16 + o16)[:, None]  # transposed: rows t, columns i
-                aq_d = tl.load(aq_base + d_off, mask=lo & (o16[:, None] >= o16[None, :]), other=0.0)
-                am_d = tl.load(am_base + d_off, mask=lo & (o16[:, None] > o16[None, :]), other=0.0)
-                aq_t = tl.load(aq_base + t_off, mask=lo & (o16[:, None] <= o16[None, :]), other=0.0)
-                am_t = tl.load(am_base + t_off, mask=lo & (o16[:, None] < o16[None, :]), other=0.0)
-                b_kf = b_ka * _masked_exp(g_r[None, :] - b_ga, mi)
-                acc_q = _dot_f32(aq_d, b_kf, DT == tl.float32)
-                acc_k = _dot_f32(am_d, b_kf, DT == tl.float32)
-                acc_c = _masked_exp(g_r[None, :] - b_ga, mi) * (
-                    _dot_f32(aq_t, b_qa * fac, DT == tl.float32)
-                    + _dot_f32(am_t, b_ka * fac * b_bi[:, None], DT == tl.float32))
-            # earlier columns j, one 16-row block at a time (small tiles keep the registers, hence the
-            # occupancy, reasonable: whole [BT, BK] tiles took ~235 registers a thread): Rq, Rk += e^{G_i − G_r}
-            # ⊙ dA[i, j] (k_j e^{G_r − G_j}), same reference r
             for jb in range(0, bi):
                 rj = start + jb * 16 + o16  # < r0 < eos: valid
                 mj = dm[None, :] & (rj >= 0)[:, None]
@@ -553,33 +449,31 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
                 b_am = tl.load(am_base + a_off, mask=vi[:, None], other=0.0)
                 acc_q += _dot(b_aq, b_kj, DT)
                 acc_k += _dot(b_am, b_kj, DT)
+            fac = _masked_exp(b_ga - g_r[None, :], mi)
             b_Rq += fac * acc_q
             b_Rk += fac * acc_k
-            b_C += acc_c
-            # later rows i, one 16-row block at a time: C_j += e^{G_s − G_j} ⊙ Σ_i dA[i, j] (e^{G_i − G_s} ⊙
-            # (q_i, β_i k_i)), reference s = r + 16, the first later row
-            r1 = r0 + 16
-            # (r1 past the chunk: another chunk's G, e^{G_s − G_j} may overflow)
-            if (r1 < eos) & (bi < BT // 16 - 1):
-                g_r1 = tl.load(g_base + r1 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
-                acc_c = tl.zeros([16, BK], dtype=tl.float32)
-                for ib in range(bi + 1, BT // 16):
-                    rz = start + ib * 16 + o16
-                    vz = rz < eos
-                    mz = vz[:, None] & dm[None, :]
-                    b_q = tl.load(q_base + rz[:, None] * s_qt + d[None, :], mask=mz, other=0.0).to(tl.float32)
-                    b_k = tl.load(k_base + rz[:, None] * s_kt + d[None, :], mask=mz, other=0.0).to(tl.float32)
-                    b_g = tl.load(g_base + rz[:, None] * s_gt + d[None, :], mask=mz, other=0.0).to(tl.float32)
-                    b_bz = tl.load(beta_ptr + i_b * s_bb + rz * s_bt + i_h * s_bh, mask=vz,
-                                   other=0.0).to(tl.float32)
-                    e1 = _masked_exp(b_g - g_r1[None, :], mz)
-                    # dA[i, j] transposed: rows j of this block, columns i of block ib
-                    t_off = rz[None, :] * s_at + (bi * 16 + o16)[:, None]
-                    mt2 = vi[:, None] & vz[None, :]
-                    b_aqt = tl.load(aq_base + t_off, mask=mt2, other=0.0)
-                    b_amt = tl.load(am_base + t_off, mask=mt2, other=0.0)
-                    acc_c += _dot(b_aqt, b_q * e1, DT) + _dot(b_amt, b_k * e1 * b_bz[:, None], DT)
-                b_C += _masked_exp(g_r1[None, :] - b_ga, mi) * acc_c
+        # later rows i, one 16-row block at a time: C_j += e^{G_s − G_j} ⊙ Σ_i dA[i, j] (e^{G_i − G_s} ⊙ (q_i,
+        # β_i k_i)), reference s = r + 16, the first later row
+        r1 = r0 + 16
+        if (r1 < eos) & (bi < BT // 16 - 1):  # (r1 past the chunk: another chunk's G, e^{G_s − G_j} may overflow)
+            g_r1 = tl.load(g_base + r1 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+            acc_c = tl.zeros([16, BK], dtype=tl.float32)
+            for ib in range(bi + 1, BT // 16):
+                rz = start + ib * 16 + o16
+                vz = rz < eos
+                mz = vz[:, None] & dm[None, :]
+                b_q = tl.load(q_base + rz[:, None] * s_qt + d[None, :], mask=mz, other=0.0).to(tl.float32)
+                b_k = tl.load(k_base + rz[:, None] * s_kt + d[None, :], mask=mz, other=0.0).to(tl.float32)
+                b_g = tl.load(g_base + rz[:, None] * s_gt + d[None, :], mask=mz, other=0.0).to(tl.float32)
+                b_bz = tl.load(beta_ptr + i_b * s_bb + rz * s_bt + i_h * s_bh, mask=vz, other=0.0).to(tl.float32)
+                e1 = _masked_exp(b_g - g_r1[None, :], mz)
+                # dA[i, j] transposed: rows j of this block, columns i of block ib
+                t_off = rz[None, :] * s_at + (bi * 16 + o16)[:, None]
+                mt2 = vi[:, None] & vz[None, :]
+                b_aqt = tl.load(aq_base + t_off, mask=mt2, other=0.0)
+                b_amt = tl.load(am_base + t_off, mask=mt2, other=0.0)
+                acc_c += _dot(b_aqt, b_q * e1, DT) + _dot(b_amt, b_k * e1 * b_bz[:, None], DT)
+            b_C += _masked_exp(g_r1[None, :] - b_ga, mi) * acc_c
         x_off = i_b * s_xb + i_h * s_xh + ri[:, None] * s_xt + d[None, :]
         b_dq = tl.load(dq_ptr + x_off, mask=mi, other=0.0) + b_Rq
         b_dk = tl.load(dk_ptr + x_off, mask=mi, other=0.0) + b_bi[:, None] * b_Rk + b_C

@@ -149,11 +149,10 @@ def _half_channels_strong(g, gen):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("regime", ["mild", "mixed_tiles", "spread_29", "spread_31"])
 def test_diagonal_block_paths(dtype, regime):
-    """The diagonal 16x16 blocks (Aqk, M and their backward) take one factored product per key tile whose gates
-    stay within ``DIAG_SPREAD`` (30) of the block's first row, else exact per-pair exponentials: mild gates
-    (every tile factored), strong decay on half the channels (K = 64: the Aqk kernel's two key tiles of 32 take
-    different paths in one block), and
-    constant gates just inside (15 · 1.95) and outside (15 · 2.1) the bound."""
+    """Gate regimes for kernels whose diagonal 16x16 blocks may take different paths by the gates' size (a
+    factored product of e^{G_i − G_r} e^{G_r − G_t} bounded by a spread of 30 was tried, see kda.md): mild
+    gates, strong decay on half the channels (K = 64: two key tiles of 32 in different regimes), and constant
+    gates just inside (15 · 1.95) and outside (15 · 2.1) a spread of 30."""
     gate = {"mild": None, "mixed_tiles": _half_channels_strong,
             "spread_29": lambda g, gen: torch.full_like(g, -1.95), "spread_31": lambda g, gen: torch.full_like(g, -2.1)}
     _compare(_inputs(1, 80, 1, 2, 64, 16, dtype, s=1.0 if regime == "mild" else 0.1, gate=gate[regime]),
@@ -251,15 +250,18 @@ def test_empty_input_and_zero_length_sequences():
 # causality (bitwise)
 # ------------------------------------------------------------------------------------------------
 
-def _causal_pair(ins, P, *, chunk_size, cu_seqlens=None, lo=None):
+def _causal_pair(ins, P, *, chunk_size, cu_seqlens=None, lo=None, later_gate=None):
     """Outputs before ``P`` and gradients of positions before ``P`` (loss on ``o[:P]`` only) for the inputs
-    and for a copy whose positions ``>= P`` (up to ``lo`` when given) are replaced by fresh finite values."""
+    and for a copy whose positions ``>= P`` (up to ``lo`` when given) are replaced by fresh finite values
+    (gates: ``later_gate`` when given)."""
     gen = torch.Generator().manual_seed(11)
     alt = []
     for i, t in enumerate(ins[:5]):
         t2 = t.clone()
         fresh = torch.randn(t2[:, P:lo].shape, generator=gen).to(DEVICE)
-        if i == 3:
+        if i == 3 and later_gate is not None:
+            fresh = torch.full_like(fresh, later_gate)
+        elif i == 3:
             fresh = -0.7 * (0.75 + 0.25 * torch.rand(t2[:, P:lo].shape, generator=gen)).to(DEVICE)
         elif i == 4:
             fresh = torch.sigmoid(fresh)
@@ -290,6 +292,20 @@ def test_causality_t22_p21(dtype, BT):
     perturbing position 21 leaves ``o[:21]`` and every gradient of positions ``< 21`` bitwise equal."""
     shape = dict(H=4, HV=4, K=128, V=128) if ON_GPU else {}
     (o1, g1, h1), (o2, g2, h2) = _causal_pair(_causal_inputs(22, dtype, **shape), 21, chunk_size=BT)
+    assert torch.equal(o1, o2)
+    for a, b in zip(g1, g2):
+        assert torch.equal(a, b)
+    assert torch.equal(h1, h2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("BT", [32, 64])
+@pytest.mark.parametrize("later_gate", [-1000.0, -40.0])
+def test_causality_hard_gate_later_in_the_block(dtype, BT, later_gate):
+    """A hard gate from position 21 on (inside the 16-row block 16..31): ``o[:21]`` and the gradients of positions
+    ``< 21`` stay bitwise equal (a kernel choosing its diagonal-block path by the whole block's gates broke
+    this: review repro, tenth session, kda.md)."""
+    (o1, g1, h1), (o2, g2, h2) = _causal_pair(_causal_inputs(22, dtype), 21, chunk_size=BT, later_gate=later_gate)
     assert torch.equal(o1, o2)
     for a, b in zip(g1, g2):
         assert torch.equal(a, b)
