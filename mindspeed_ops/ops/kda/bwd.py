@@ -35,7 +35,8 @@ def _zero_tail(cu_host: Optional[list], T: int, *tensors: Optional[torch.Tensor]
 
 def _block_k(K: int, cap: int) -> int:
     """Tile of a head dim: a power of two in [16, cap]. The caps and warps of the launches below are the
-    largest that compile without register spills on sm_90 at K = V = 128 (compile-only check)."""
+    largest that compile without register spills on sm_90 at K = V = 128 (compile-only check), but for the
+    WY/state backward's (:func:`wy_dqkg_config`: its fastest correct build spills a little)."""
     return max(16, min(cap, tu.next_power_of_2(K)))
 
 
@@ -111,9 +112,10 @@ def wy_dqkg_config(K: int, V: int, BT: int, dtype: torch.dtype) -> tuple[int, in
     ``benchmarks/tune_kda.py``: 1.06 ms vs 1.33 ms for 64-wide V tiles at 8 warps; 68 bytes of spill on sm_90,
     104 varlen; several pipelined 4-warp builds gave wrong results there, see docs/benchmarks/kda.md). fp32
     (IEEE products): 8 warps, 2 stages."""
+    BK, BV = _block_k(K, 32), _block_k(V, 32)
     if dtype == torch.float32:
-        return _block_k(K, 32), _block_k(V, 32), 8, 2
-    return _block_k(K, 32), _block_k(V, 32), 4, 1 if BT == 64 else 2
+        return BK, BV, 8, 2
+    return BK, BV, 4, 1 if BT == 64 else 2
 
 
 def wy_dqkg_forward(q, k, v, v_new, g, beta, A, h, do, dh, dv, scale: float, cu_host, cu_seqlens,
