@@ -402,35 +402,66 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
         b_Rq = tl.zeros([16, BK], dtype=tl.float32)
         b_Rk = tl.zeros([16, BK], dtype=tl.float32)
         b_C = tl.zeros([16, BK], dtype=tl.float32)
-        # pairs inside the block first (so the accumulators enter the loop in the elementwise layout: after
-        # the dot products they come in the MMA layout, and each row cost three shared-memory conversions),
-        # exact per-pair exponentials, one block row t at a time and no reductions: t as the column j of
-        # Rq/Rk (rows i >= t) and as the row i of C (rows j <= t)
-        for t in range(16):
-            # every per-row operand is loaded 2D ([1, BK] rows, [16, 1] columns): 1D loads took a layout of
-            # their own and cost shared-memory conversions (and barriers) every row on sm_90
-            r_t = r0 + t
-            ok_t = r_t < eos
-            mt = dm[None, :] & ok_t
-            k_t = tl.load(k_base + r_t * s_kt + d[None, :], mask=mt, other=0.0).to(tl.float32)
-            q_t = tl.load(q_base + r_t * s_qt + d[None, :], mask=mt, other=0.0).to(tl.float32)
-            g_t = tl.load(g_base + r_t * s_gt + d[None, :], mask=mt, other=0.0).to(tl.float32)
-            b_t = tl.load(beta_ptr + i_b * s_bb + r_t * s_bt + i_h * s_bh, mask=ok_t, other=0.0).to(tl.float32)
-            # column t and row t of the block's coefficients (j <= i for dAq, j < i for dAm)
-            c_t = bi * 16 + t
-            col = ri[:, None] * s_at + c_t
-            aq_c = tl.load(aq_base + col, mask=(vi & (o16 >= t))[:, None] & ok_t, other=0.0)
-            am_c = tl.load(am_base + col, mask=(vi & (o16 > t))[:, None] & ok_t, other=0.0)
-            row = r_t * s_at + bi * 16 + o16[:, None]
-            aq_r = tl.load(aq_base + row, mask=(o16 <= t)[:, None] & ok_t, other=0.0)
-            am_r = tl.load(am_base + row, mask=(o16 < t)[:, None] & ok_t, other=0.0)
-            # exponent arguments masked to the pairs (valid rows i >= t; rows j <= t with t valid), so every
-            # exp is <= 1 or of 0; the other entries meet a zero factor (masked loads) and need no outer where
-            e_c = tl.exp(tl.where(((o16 >= t) & vi)[:, None], b_ga - g_t, 0.0)) * k_t
+        grp = o16 // 4
+        in_g = o16 % 4
+        # pairs inside the 4x4 diagonal groups first (so the accumulators enter the loop in the elementwise
+        # layout: after the dot products they come in the MMA layout, and each step cost three shared-memory
+        # conversions), exact per-pair exponentials and no reductions: step t takes for every block row x the
+        # t-th row y of x's group, as the column of Rq/Rk (x >= y) and as the row of C (y >= x)
+        for t in range(4):
+            # every per-row operand is loaded 2D ([16, BK] rows, [16, 1] columns): 1D loads took a layout of
+            # their own and cost shared-memory conversions (and barriers) every step on sm_90
+            y = r0 + grp * 4 + t
+            ok_y = (y < eos)[:, None]
+            my = ok_y & dm[None, :]
+            k_y = tl.load(k_base + y[:, None] * s_kt + d[None, :], mask=my, other=0.0).to(tl.float32)
+            q_y = tl.load(q_base + y[:, None] * s_qt + d[None, :], mask=my, other=0.0).to(tl.float32)
+            g_y = tl.load(g_base + y[:, None] * s_gt + d[None, :], mask=my, other=0.0).to(tl.float32)
+            b_y = tl.load(beta_ptr + i_b * s_bb + y[:, None] * s_bt + i_h * s_bh, mask=ok_y,
+                          other=0.0).to(tl.float32)
+            # coefficients dA[x, y] (x >= y; j <= i for dAq, j < i for dAm) and dA[y, x] (y >= x)
+            col = ri[:, None] * s_at + (bi * 16 + grp * 4 + t)[:, None]
+            aq_c = tl.load(aq_base + col, mask=(vi & (in_g >= t))[:, None] & ok_y, other=0.0)
+            am_c = tl.load(am_base + col, mask=(vi & (in_g > t))[:, None] & ok_y, other=0.0)
+            row = y[:, None] * s_at + (bi * 16 + o16)[:, None]
+            aq_r = tl.load(aq_base + row, mask=(in_g <= t)[:, None] & ok_y, other=0.0)
+            am_r = tl.load(am_base + row, mask=(in_g < t)[:, None] & ok_y, other=0.0)
+            # exponent arguments masked to the pairs, so every exp is <= 1 or of 0; the other entries meet a zero
+            # factor (masked loads) and need no outer where
+            e_c = tl.exp(tl.where(((in_g >= t) & vi)[:, None], b_ga - g_y, 0.0)) * k_y
             b_Rq += aq_c * e_c
             b_Rk += am_c * e_c
-            e_r = tl.exp(tl.where(((o16 <= t) & ok_t)[:, None], g_t - b_ga, 0.0))
-            b_C += e_r * (aq_r * q_t + (am_r * b_t) * k_t)
+            e_r = tl.exp(tl.where(((in_g <= t)[:, None] & ok_y), g_y - b_ga, 0.0))
+            b_C += e_r * (aq_r * q_y + (am_r * b_y) * k_y)
+        # pairs across the 4-row groups of the block, by products through the later group's first row c
+        # (e^{G_x − G_c} x e^{G_c − G_j}, both <= 1: SPEC 1.11's off-diagonal rule one level down)
+        g_c = tl.load(g_base + (r0 + grp * 4)[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+        fac4 = _masked_exp(b_ga - g_c, mi)  # e^{G_x − G_c(x)}
+        lo = vi[:, None] & vi[None, :]
+        aq_d = tl.load(aq_base + ri[:, None] * s_at + (bi * 16 + o16)[None, :], mask=lo, other=0.0)
+        am_d = tl.load(am_base + ri[:, None] * s_at + (bi * 16 + o16)[None, :], mask=lo, other=0.0)
+        aq_t = tl.load(aq_base + ri[None, :] * s_at + (bi * 16 + o16)[:, None], mask=lo, other=0.0)
+        am_t = tl.load(am_base + ri[None, :] * s_at + (bi * 16 + o16)[:, None], mask=lo, other=0.0)
+        acc_q4 = tl.zeros([16, BK], dtype=tl.float32)
+        acc_k4 = tl.zeros([16, BK], dtype=tl.float32)
+        acc_c4 = tl.zeros([16, BK], dtype=tl.float32)
+        for R in tl.static_range(1, 4):
+            c_r = r0 + 4 * R
+            g_cr = tl.load(g_base + c_r * s_gt + d, mask=dm & (c_r < eos), other=0.0).to(tl.float32)
+            e_cr = _masked_exp(g_cr[None, :] - b_ga, ((o16 < 4 * R) & vi & (c_r < eos))[:, None] & dm[None, :])
+            in_r = grp == R
+            sel = in_r[:, None] & (o16 < 4 * R)[None, :]  # [x, j]: x in group R, j in the earlier groups
+            b_kc = b_ka * e_cr
+            acc_q4 += _dot_f32(tl.where(sel, aq_d, 0.0), b_kc, DT == tl.float32)
+            acc_k4 += _dot_f32(tl.where(sel, am_d, 0.0), b_kc, DT == tl.float32)
+            sel_t = (o16 < 4 * R)[:, None] & in_r[None, :]  # [j, x]
+            b_xq = tl.where(in_r[:, None], b_qa * fac4, 0.0)
+            b_xk = tl.where(in_r[:, None], b_ka * fac4 * b_bi[:, None], 0.0)
+            acc_c4 += e_cr * (_dot_f32(tl.where(sel_t, aq_t, 0.0), b_xq, DT == tl.float32)
+                              + _dot_f32(tl.where(sel_t, am_t, 0.0), b_xk, DT == tl.float32))
+        b_Rq += fac4 * acc_q4
+        b_Rk += fac4 * acc_k4
+        b_C += acc_c4
         # earlier columns j, one 16-row block at a time (small tiles keep the registers, hence the occupancy,
         # reasonable: whole [BT, BK] tiles took ~235 registers a thread): Rq, Rk += e^{G_i − G_r} ⊙ dA[i, j]
         # (k_j e^{G_r − G_j}), reference r = the block's first row
