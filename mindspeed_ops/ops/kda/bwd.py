@@ -245,12 +245,12 @@ def intra_bwd_forward(q, k, gk, beta, dAq, dAm, dq, dk, dg, db, cu_host, cu_seql
 
 
 def intra_bwd_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
-    """``(BK, num_warps)`` of ``kda_bwd_intra_kernel``. 16-bit: BK = 64 at 4 warps (168 registers, no spills on
-    sm_90; H200 sweeps in docs/benchmarks/kda.md, ``benchmarks/tune_kda.py``). fp32 (IEEE products on the FMA
-    units): 32 at 8 warps."""
+    """``(BK, num_warps)`` of ``kda_bwd_intra_kernel``. 16-bit: BK = 64 at 2 warps (fastest of the eleventh
+    session's H200 sweep at both gate regimes, docs/benchmarks/kda.md, ``benchmarks/tune_kda.py``). fp32 (IEEE
+    products on the FMA units): 32 at 8 warps."""
     if dtype == torch.float32:
         return _block_k(K, 32), 8
-    return _block_k(K, 64), 4
+    return _block_k(K, 64), 2
 
 
 def chunk_kda_bwd_intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor, dAq: torch.Tensor,

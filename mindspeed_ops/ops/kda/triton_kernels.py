@@ -34,6 +34,15 @@ def _row_block(BHV, HV, GRP, cu_ptr, idx_ptr, T, BT: tl.constexpr, IS_VARLEN: tl
 
 
 @triton.jit
+def _dot_f32(a, b, EXACT: tl.constexpr):
+    """``a @ b`` of fp32 operands: IEEE for fp32 inputs (SPEC 0.5), else TF32 (more mantissa than bf16)."""
+    if EXACT:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision="tf32")
+
+
+@triton.jit
 def _masked_exp(x, m):
     """``e^x`` where ``m``, 0 elsewhere; ``x`` is replaced by 0 before the exp where masked."""
     return tl.where(m, tl.exp(tl.where(m, x, 0.0)), 0.0)
