@@ -337,6 +337,49 @@ def _point(row: dict, key: str) -> tuple:
 _MEASURE_SUITES = frozenset(("performance", "memory"))
 
 
+def done_key(suite: str, op: str, case: str, shape: str, dtype: str, backend: Optional[str] = None) -> tuple:
+    """What identifies one run of the harness: an accuracy/determinism check (with the backend asked for) or a
+    measured point (``suite`` "measure")."""
+    return suite, op, case, shape, dtype, backend
+
+
+def _requested_backend(row: dict) -> Optional[str]:
+    """The ``--backends`` entry a check row answered (None: the default dispatch); reports written before
+    rows carried it: the reference backend was only ever run when requested."""
+    if "requested_backend" in row:
+        return row["requested_backend"]
+    return "reference" if row.get("backend") == "reference" else None
+
+
+def done_runs(reports: Sequence[dict]) -> set:
+    """Keys of the runs earlier reports hold: accuracy and determinism rows, and measured points whose
+    ``ours`` row has a result (a failed measurement is run again)."""
+    done = set()
+    for r in reports:
+        for suite in ("accuracy", "determinism"):
+            done.update(done_key(suite, x.get("op"), x.get("case"), x.get("shape"), x.get("dtype"),
+                                  _requested_backend(x)) for x in r.get(suite, []))
+        done.update(done_key("measure", x.get("op"), x.get("variant"), x.get("shape"), x.get("dtype"))
+                    for x in r.get("performance", [])
+                    if x.get("kind") == "ours" and not x.get("error")
+                    and (x.get("median_ms") is not None or x.get("peak_extra_mib") is not None))
+    return done
+
+
+def label_key(label: str) -> Optional[tuple]:
+    """:func:`done_key` of a ``not_run`` label (``"{suite} {op} / {case} / {shape} / {dtype}[ [backend]]"``,
+    as the runner writes them); None for a check case's label (always run again) or one it cannot read."""
+    suite, _, rest = label.partition(" ")
+    parts = rest.split(" / ")
+    if len(parts) != 4 or parts[2] == "check case":
+        return None
+    op, case, shape, dtype = parts
+    backend = None
+    if dtype.endswith("]") and " [" in dtype:
+        dtype, backend = dtype[:-1].split(" [", 1)
+    return done_key(suite, op, case, shape, dtype, None if suite == "measure" else backend)
+
+
 def merge_reports(reports: Sequence[dict]) -> dict:
     """One report from several runs (e.g. per-family GPU jobs): rows concatenated, except that a point
     measured again by a later run keeps only the later run's rows (a re-run after a kernel change
@@ -359,8 +402,12 @@ def merge_reports(reports: Sequence[dict]) -> dict:
             _point(x, key) in points[j] and (key != "performance" or measured[j] >= measured[i])
             for j in range(i + 1, len(reports)))]
         superseded += len(rows) - len(out[key])
-    for key in ("skipped", "load_errors", "not_run"):
+    for key in ("skipped", "load_errors"):
         out[key] = [x for r in reports for x in r.get(key, [])]
+    # a run one report did not reach may have been done by another: listed once, and only if no report holds it
+    done = done_runs(reports)
+    out["not_run"] = [x for x in dict.fromkeys(x for r in reports for x in r.get("not_run", []))
+                      if label_key(x) not in done]
     out["notes"] = [f"merged from {len(reports)} runs" + (
         f" ({superseded} rows superseded by a later run of the same point)" if superseded else "") + ":"] + [
         f"run {i + 1}: `{r['meta'].get('command', '?')}` at {r['meta'].get('date', '?')}, copy "

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from .report import done_key as _done_key, done_runs
 from .schema import SUITES, CaseSpec, OpSpec, ShapePoint, load_specs
 
 
@@ -118,33 +119,6 @@ class Item:
         b = f" [{self.backend}]" if self.backend else ""
         where = "check case" if self.shape is None else self.shape.text()
         return f"{self.suite} {self.case.op} / {self.case.name} / {where} / {self.dtype}{b}"
-
-
-def _done_key(suite: str, op: str, case: str, shape: str, dtype: str, backend: Optional[str] = None) -> tuple:
-    return suite, op, case, shape, dtype, backend
-
-
-def _requested_backend(row: dict) -> Optional[str]:
-    """The ``--backends`` entry a check row answered (None: the default dispatch); reports written before
-    rows carried it: the reference backend was only ever run when requested."""
-    if "requested_backend" in row:
-        return row["requested_backend"]
-    return "reference" if row.get("backend") == "reference" else None
-
-
-def done_runs(reports: Sequence[dict]) -> set:
-    """Keys of the runs earlier reports hold: accuracy and determinism rows, and measured points whose
-    ``ours`` row has a result (a failed measurement is run again)."""
-    done = set()
-    for r in reports:
-        for suite in ("accuracy", "determinism"):
-            done.update(_done_key(suite, x.get("op"), x.get("case"), x.get("shape"), x.get("dtype"),
-                                  _requested_backend(x)) for x in r.get(suite, []))
-        done.update(_done_key("measure", x.get("op"), x.get("variant"), x.get("shape"), x.get("dtype"))
-                    for x in r.get("performance", [])
-                    if x.get("kind") == "ours" and not x.get("error")
-                    and (x.get("median_ms") is not None or x.get("peak_extra_mib") is not None))
-    return done
 
 
 def item_key(item: "Item") -> Optional[tuple]:

@@ -29,3 +29,18 @@ def test_memory_only_rerun_keeps_the_timings():
     merged = merge_reports([timed, mem, again])
     assert [(r["median_ms"], r["peak_extra_mib"]) for r in merged["performance"]] == [(0.5, 5.0)]
     assert merged["notes"][0] == "merged from 3 runs (4 rows superseded by a later run of the same point):"
+
+
+def test_merged_not_run_drops_what_another_run_did():
+    """Eleventh session: ``not_run`` was the concatenation of every run's list, so a point one run did not
+    reach stayed listed after a later run (``--skip-done``) measured it, and labels repeated (846 listed, 190
+    really not run in docs/benchmarks/atk)."""
+    acc = {"op": "rms_norm", "case": "default", "shape": "T=4096", "dtype": "fp32", "backend": "triton"}
+    left = ["measure rms_norm / default / T=4096 / bf16", "accuracy rms_norm / default / T=4096 / fp32",
+            "accuracy rms_norm / default / T=4096 / fp32 [reference]", "determinism rms_norm / other / T=8 / bf16",
+            "accuracy rms_norm / a check / check case / fp32"]
+    first = dict(_report(["performance"], [], "first"), not_run=left)
+    second = dict(_report(["accuracy", "performance"], [_row("ours", median_ms=1.0)], "second"), accuracy=[acc],
+                  not_run=left[3:])
+    merged = merge_reports([first, second])
+    assert merged["not_run"] == left[2:]  # once each; the reference-backend check was not run by either
