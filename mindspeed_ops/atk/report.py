@@ -353,7 +353,8 @@ def _requested_backend(row: dict) -> Optional[str]:
 
 def done_runs(reports: Sequence[dict]) -> set:
     """Keys of the runs earlier reports hold: accuracy and determinism rows, and measured points whose
-    ``ours`` row has a result (a failed measurement is run again)."""
+    ``ours`` row has a result (a failed measurement is run again). A measured point counts as done whichever
+    of the performance/memory suites and directions its run measured (e.g. a memory-only run)."""
     done = set()
     for r in reports:
         for suite in ("accuracy", "determinism"):
@@ -505,5 +506,6 @@ def summary_table(rows: list) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FORMAT", "summary_rows", "summary_markdown", "render_markdown", "plot_families", "write_all",
-           "load_report", "merge_reports", "COLUMNS", "markdown_table", "header_markdown", "write_report", "summary_table"]
+__all__ = ["FORMAT", "done_key", "done_runs", "label_key", "summary_rows", "summary_markdown", "render_markdown",
+           "plot_families", "write_all", "load_report", "merge_reports", "COLUMNS", "markdown_table", "header_markdown",
+           "write_report", "summary_table"]

@@ -379,8 +379,16 @@ def run(opts: Options, *, console=None) -> dict:
 
     last_save = [time.perf_counter()]
 
+    finished = [0]  # plan.items[:finished] have run
+
     def save(final: bool) -> None:
         report["complete"] = final
+        # every save lists what is left, so a report written before a kill still says what it did not reach
+        left = plan.items[finished[0]:]
+        if left:
+            report["not_run"] = [i.label() for i in left]
+        else:
+            report.pop("not_run", None)
         last_save[0] = time.perf_counter()
         if opts.out:
             write_all(opts.out, report, plots=final and opts.plots)
@@ -412,7 +420,6 @@ def run(opts: Options, *, console=None) -> dict:
                 left = plan.items[n - 1:]
                 report["notes"].append(f"time budget of {opts.time_budget:.0f} s reached: {len(left)} of "
                                        f"{len(plan.items)} runs not done (from: {left[0].label()})")
-                report["not_run"] = [i.label() for i in left]
                 con.print(report["notes"][-1], markup=False)
                 break
             progress.update(task, description=item.label()[:100])
@@ -420,6 +427,7 @@ def run(opts: Options, *, console=None) -> dict:
                 row = _run_check(item, device, small, families)
                 report["accuracy"].append(row)
                 status = "PASS" if row["passed"] else f"FAIL {row['reason']}"
+                finished[0] = n
                 log(f"[{n}/{len(plan.items)}] {item.label()}: {status}")
                 progress.advance(task)
                 continue
@@ -429,10 +437,12 @@ def run(opts: Options, *, console=None) -> dict:
                 r = verify(point, device, backend=item.backend)
                 report["accuracy"].append(dict(r.to_dict(), requested_backend=item.backend))
                 status = "PASS" if r.passed else f"FAIL {r.reason}"
+                finished[0] = n
             elif item.suite == "determinism":
                 r = determinism(point, device, backend=item.backend)
                 report["determinism"].append(dict(r.to_dict(), requested_backend=item.backend))
                 status = "PASS" if r.passed else f"FAIL {r.reason}"
+                finished[0] = n
             else:
                 try:
                     rows = _measure(item, call, reference, device.type, suites, report["ceilings"], opts, report, log)
@@ -443,6 +453,7 @@ def run(opts: Options, *, console=None) -> dict:
                     report["load_errors"].append({"op": item.case.op, "case": f"{item.case.name} {item.shape.text()} "
                                                   f"{item.dtype}", "error": _exc_text(e)})
                 report["performance"].extend(rows)
+                finished[0] = n
                 ours = [r for r in rows if r["kind"] == "ours"]
                 status = "; ".join(f"{r['direction']} " + (r["error"] or (f"{r['median_ms']:.4f} ms"
                                                                            if r["median_ms"] is not None else "ok"))

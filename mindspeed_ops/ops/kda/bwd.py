@@ -35,8 +35,8 @@ def _zero_tail(cu_host: Optional[list], T: int, *tensors: Optional[torch.Tensor]
 
 def _block_k(K: int, cap: int) -> int:
     """Tile of a head dim: a power of two in [16, cap]. The caps and warps of the launches below are the
-    largest that compile without register spills on sm_90 at K = V = 128 (compile-only check), but for the
-    WY/state backward's (:func:`wy_dqkg_config`: its fastest correct build spills a little)."""
+    fastest measured on the H200; two of them spill a little on sm_90 (:func:`wy_dqkg_config`,
+    :func:`intra_bwd_config`; bounds in tests/unit_tests/kda/test_kda_compile.py)."""
     return max(16, min(cap, tu.next_power_of_2(K)))
 
 
@@ -245,12 +245,15 @@ def intra_bwd_forward(q, k, gk, beta, dAq, dAm, dq, dk, dg, db, cu_host, cu_seql
 
 
 def intra_bwd_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
-    """``(BK, num_warps)`` of ``kda_bwd_intra_kernel``. 16-bit: BK = 64 at 2 warps (fastest of the eleventh
-    session's H200 sweep at both gate regimes, docs/benchmarks/kda.md, ``benchmarks/tune_kda.py``). fp32 (IEEE
-    products on the FMA units): 32 at 8 warps."""
+    """``(BK, num_warps)`` of ``kda_bwd_intra_kernel``. 16-bit: BK = 64 at 2 warps when BK divides K (fastest of
+    the eleventh session's H200 sweep at K = 128, both gate regimes: 1.53 vs 1.80 ms at 4 warps, though it spills
+    152 bytes on sm_90; docs/benchmarks/kda.md, ``benchmarks/tune_kda.py``), else at 4 warps (a partial key tile
+    at 2 warps spills 500-700 bytes, at 4 warps 0-60; not timed). fp32 (IEEE products on the FMA units): 32 at
+    8 warps."""
     if dtype == torch.float32:
         return _block_k(K, 32), 8
-    return _block_k(K, 64), 2
+    BK = _block_k(K, 64)
+    return BK, 2 if K % BK == 0 else 4
 
 
 def chunk_kda_bwd_intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor, dAq: torch.Tensor,

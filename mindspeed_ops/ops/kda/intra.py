@@ -24,7 +24,7 @@ OP = "chunk_kda_fwd_intra"
 def aqk_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
     """``(BK, num_warps)`` of the Aqk (and M) kernel; BK in [16, 32] (``tl.dot`` needs >= 16). 16-bit: 16 at 2
     warps (H200 sweep, eleventh session: 835 vs 918 µs at 32 / 4 warps, docs/benchmarks/kda.md). fp32 at 8 warps
-    and BK 32: at 4 it spills ~5 KB on sm_90 (compile-only check)."""
+    and BK = min(32, K rounded up to a power of two): at 4 it spills ~5 KB on sm_90 (compile-only check)."""
     if dtype == torch.float32:
         return max(16, min(32, tu.next_power_of_2(K))), 8
     return 16, 2

@@ -386,3 +386,32 @@ def test_families_select_ops(capsys):
     assert "--families: unknown nope" in err and "gdn" in err
     err = _atk_usage_error(capsys, "--list", "--families", ",")
     assert "no family names" in err
+
+
+def test_a_killed_run_leaves_a_report_of_what_it_did_not_reach(tmp_path, capsys, monkeypatch):
+    """Eleventh session: the report a run writes as it goes had no ``not_run``, so a run killed by an outer
+    timeout left a partial report from which a merge could not tell what it never reached."""
+    import itertools
+    import types
+
+    from mindspeed_ops.atk import accuracy, runner
+
+    clock = itertools.count(0, 31)  # every check is "31 s" after the last: each one saves the report
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    real, calls = accuracy.verify, []
+
+    def verify(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the outer timeout's kill, as far as the report is concerned
+        return real(*a, **k)
+
+    monkeypatch.setattr(accuracy, "verify", verify)
+    with pytest.raises(KeyboardInterrupt):
+        _atk("--ops", "rms_norm", "--suite", "accuracy", "--dtypes", "fp32", "--out", str(tmp_path), "--no-plots",
+             capsys=capsys)
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert not rep["complete"] and len(rep["accuracy"]) == 2
+    done = {(r["case"], r["shape"]) for r in rep["accuracy"]}
+    assert rep["not_run"] and all(lbl.split(" / ")[1:3] not in [list(d) for d in done] for lbl in rep["not_run"])
+    assert rep["not_run"][0].startswith("accuracy rms_norm / ")
