@@ -160,7 +160,7 @@ _ITEM_SUITES = {"accuracy": ("accuracy",), "check": ("accuracy",), "determinism"
 
 
 def _from_json(args, con) -> int:
-    from .report import load_report, merge_reports, summary_markdown, write_all
+    from .report import label_op, load_report, merge_reports, summary_markdown, write_all
     from .runner import parse_suites
 
     suites = parse_suites(args.suite)  # before reading anything: an unknown suite is a usage error
@@ -169,8 +169,8 @@ def _from_json(args, con) -> int:
     if ops:  # re-render only these ops' rows (e.g. one family's table out of a merged run)
         for key in ("accuracy", "determinism", "performance", "skipped", "load_errors"):
             report[key] = [r for r in report.get(key, []) if r.get("op") in ops]
-        if "not_run" in report:  # labels "{suite} {op} / ..."
-            report["not_run"] = [lbl for lbl in report["not_run"] if lbl.split(" / ")[0].split(" ", 1)[-1] in ops]
+        if "not_run" in report:
+            report["not_run"] = [lbl for lbl in report["not_run"] if label_op(lbl) in ops]
     if "all" not in suites:  # only these suites' rows and report sections
         keep = {k for s in suites for k in _SUITE_KEYS[s]}
         for key in {k for ks in _SUITE_KEYS.values() for k in ks} - keep:

@@ -367,6 +367,11 @@ def done_runs(reports: Sequence[dict]) -> set:
     return done
 
 
+def label_op(label: str) -> str:
+    """The op of a ``not_run`` label."""
+    return label.partition(" ")[2].split(" / ")[0]
+
+
 def label_key(label: str) -> Optional[tuple]:
     """:func:`done_key` of a ``not_run`` label (``"{suite} {op} / {case} / {shape} / {dtype}[ [backend]]"``,
     as the runner writes them); None for a check case's label (always run again) or one it cannot read."""
@@ -506,6 +511,6 @@ def summary_table(rows: list) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FORMAT", "done_key", "done_runs", "label_key", "summary_rows", "summary_markdown", "render_markdown",
+__all__ = ["FORMAT", "done_key", "done_runs", "label_key", "label_op", "summary_rows", "summary_markdown", "render_markdown",
            "plot_families", "write_all", "load_report", "merge_reports", "COLUMNS", "markdown_table", "header_markdown",
            "write_report", "summary_table"]

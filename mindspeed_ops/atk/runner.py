@@ -427,42 +427,38 @@ def run(opts: Options, *, console=None) -> dict:
                 row = _run_check(item, device, small, families)
                 report["accuracy"].append(row)
                 status = "PASS" if row["passed"] else f"FAIL {row['reason']}"
-                finished[0] = n
-                log(f"[{n}/{len(plan.items)}] {item.label()}: {status}")
-                progress.advance(task)
-                continue
-            call, reference = plan.callables[(item.case.op, item.case.name)]
-            point = Point(item.case, item.shape, torch_dtype(item.dtype), call, reference)
-            if item.suite == "accuracy":
-                r = verify(point, device, backend=item.backend)
-                report["accuracy"].append(dict(r.to_dict(), requested_backend=item.backend))
-                status = "PASS" if r.passed else f"FAIL {r.reason}"
-                finished[0] = n
-            elif item.suite == "determinism":
-                r = determinism(point, device, backend=item.backend)
-                report["determinism"].append(dict(r.to_dict(), requested_backend=item.backend))
-                status = "PASS" if r.passed else f"FAIL {r.reason}"
-                finished[0] = n
             else:
-                try:
-                    rows = _measure(item, call, reference, device.type, suites, report["ceilings"], opts, report, log)
-                except Exception as e:  # noqa: BLE001 - e.g. out of memory while building inputs
-                    from ..check_runner import _exc_text
+                call, reference = plan.callables[(item.case.op, item.case.name)]
+                point = Point(item.case, item.shape, torch_dtype(item.dtype), call, reference)
+                if item.suite == "accuracy":
+                    r = verify(point, device, backend=item.backend)
+                    report["accuracy"].append(dict(r.to_dict(), requested_backend=item.backend))
+                    status = "PASS" if r.passed else f"FAIL {r.reason}"
+                elif item.suite == "determinism":
+                    r = determinism(point, device, backend=item.backend)
+                    report["determinism"].append(dict(r.to_dict(), requested_backend=item.backend))
+                    status = "PASS" if r.passed else f"FAIL {r.reason}"
+                else:
+                    try:
+                        rows = _measure(item, call, reference, device.type, suites, report["ceilings"], opts,
+                                        report, log)
+                    except Exception as e:  # noqa: BLE001 - e.g. out of memory while building inputs
+                        from ..check_runner import _exc_text
 
-                    rows = []
-                    report["load_errors"].append({"op": item.case.op, "case": f"{item.case.name} {item.shape.text()} "
-                                                  f"{item.dtype}", "error": _exc_text(e)})
-                report["performance"].extend(rows)
-                finished[0] = n
-                ours = [r for r in rows if r["kind"] == "ours"]
-                status = "; ".join(f"{r['direction']} " + (r["error"] or (f"{r['median_ms']:.4f} ms"
-                                                                           if r["median_ms"] is not None else "ok"))
-                                   for r in ours) or "no rows"
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                save(False)  # a run cut short keeps what it measured
-            if time.perf_counter() - last_save[0] > 30:
-                save(False)  # a run cut short by a time limit keeps what it checked
+                        rows = []
+                        report["load_errors"].append({"op": item.case.op, "case": f"{item.case.name} "
+                                                      f"{item.shape.text()} {item.dtype}", "error": _exc_text(e)})
+                    report["performance"].extend(rows)
+                    ours = [r for r in rows if r["kind"] == "ours"]
+                    status = "; ".join(f"{r['direction']} " + (r["error"] or (f"{r['median_ms']:.4f} ms"
+                                                                               if r["median_ms"] is not None else "ok"))
+                                       for r in ours) or "no rows"
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+            finished[0] = n
+            # a run cut short (time limit, kill) keeps what it did: after every measurement, else every 30 s
+            if item.suite == "measure" or time.perf_counter() - last_save[0] > 30:
+                save(False)
             log(f"[{n}/{len(plan.items)}] {item.label()}: {status}")
             progress.advance(task)
     report["meta"]["seconds"] = round(time.perf_counter() - t_start, 1)

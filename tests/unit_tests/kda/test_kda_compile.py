@@ -19,25 +19,25 @@ pytestmark = COMPILE_ONLY_MARKS
 SPILL_ALLOWED: dict = {"kda_bwd_wy_dqkg_kernel": 128, "kda_bwd_intra_kernel": 256}
 
 
+def _step(T, H, HV, K, dt, l2, cu):
+    """chunk_kda forward and backward on empty tensors (a dry recording launches nothing)."""
+    q, k = (torch.empty(1, T, H, K, dtype=dt, requires_grad=True) for _ in range(2))
+    v, g = (torch.empty(1, T, HV, K, dtype=dt, requires_grad=True) for _ in range(2))
+    beta = torch.empty(1, T, HV, dtype=dt, requires_grad=True)
+    o, _ = chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=l2, cu_seqlens=cu)
+    o.backward(torch.empty_like(o))
+
+
 def _launches():
     T, H, HV, K = 4096, 16, 32, 128
     with cc.Recorder(dry=True) as rec:
         for dt in (torch.float32, torch.float16):
             for l2, cu in ((True, None), (False, torch.tensor([0, 1000, 2500, T]))):
-                q, k = (torch.empty(1, T, H, K, dtype=dt, requires_grad=True) for _ in range(2))
-                v = torch.empty(1, T, HV, K, dtype=dt, requires_grad=True)
-                g = torch.empty(1, T, HV, K, dtype=dt, requires_grad=True)
-                beta = torch.empty(1, T, HV, dtype=dt, requires_grad=True)
-                o, _ = chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=l2, cu_seqlens=cu)
-                o.backward(torch.empty_like(o))
+                _step(T, H, HV, K, dt, l2, cu)
     # the intra backward also at a K its 64-wide key tile does not divide (it launches at 4 warps there: 2
     # spilled 500-700 bytes)
     with cc.Recorder(dry=True) as odd:
-        q, k = (torch.empty(1, T, H, 100, dtype=torch.float16, requires_grad=True) for _ in range(2))
-        v, g = (torch.empty(1, T, HV, 100, dtype=torch.float16, requires_grad=True) for _ in range(2))
-        beta = torch.empty(1, T, HV, dtype=torch.float16, requires_grad=True)
-        o, _ = chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
-        o.backward(torch.empty_like(o))
+        _step(T, H, HV, 100, torch.float16, True, None)
     odd = [la for la in odd.launches if la.qualname == "kda_bwd_intra_kernel"]
     assert odd and all(la.options.get("num_warps") == 4 for la in odd), [la.label() for la in odd]
     launches = cc.dedupe(rec.launches + odd)
