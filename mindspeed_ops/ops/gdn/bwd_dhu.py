@@ -100,13 +100,16 @@ def _prune(configs, named_args, **kwargs):
     """Keep configs whose fp32 gradient state (``NK·BK x BV``) is at most 64 registers a thread and whose
     V tile is not wider than V needs. Software pipelining (``num_stages >= 2``) stages every tile load of
     a chunk in shared memory, which fits sm_80/sm_90 only for rows of at most 256 bytes (16-bit
-    ``K <= 128``); wider rows (fp32, ``K = 256``) run unpipelined."""
+    ``K <= 128``); wider rows (fp32, ``K = 256``) run unpipelined, and only then: the pipelined and unpipelined
+    builds round dv/dh differently (twelfth session, H200, fp32 K = V = 64), so a shape keeps one of the two (SPEC
+    0.6: a timing-based choice must not change the bits)."""
     args = {**named_args, **kwargs}
     state = args["BK"] * args["NK"]
     row_bytes = state * args["q_ptr"].element_size()
     vmax = max(16, tu.next_power_of_2(args["V"]))
+    pipelined = row_bytes <= 256
     kept = [c for c in configs if state * c.kwargs["BV"] <= 64 * 32 * c.num_warps and c.kwargs["BV"] <= vmax
-            and (c.num_stages <= 1 or row_bytes <= 256)]
+            and (c.num_stages > 1) == pipelined]
     return kept or configs[-1:]
 
 

@@ -101,12 +101,15 @@ def _prune(configs, named_args, **kwargs):
     BV=32, 4 warps, 3 stages gave wrong results, rel-RMS 7e-3 against the other configurations). Then only the
     widest V tile left: dq, dk and dg sum one product per V tile, so the tile sets their summation order, and a
     timing-based choice could round differently in another process (SPEC 0.6: bitwise run to run). Warps and
-    stages, which keep the order, stay tuned. (BV 64 was also the fastest at K = V = 128 on the H200.)"""
+    stages, which keep the order, stay tuned. (BV 64 was also the fastest at K = V = 128 on the H200.) The warp
+    count is fixed too (the first kept): it sets the layout of dg's row sums, whose order differs between 4 and 8
+    warps (twelfth session, H200, K = V = 64: dg differed bitwise)."""
     kept = prune_v_tiles(configs, named_args, **kwargs)
     if kwargs.get("BK", named_args.get("BK", 0)) > 64:  # BK is a launch keyword (Triton passes those apart)
         kept = [c for c in kept if c.num_warps >= 8] or [c for c in configs if c.num_warps >= 8][:1]
     widest = max(c.kwargs["BV"] for c in kept)
-    return [c for c in kept if c.kwargs["BV"] == widest]
+    kept = [c for c in kept if c.kwargs["BV"] == widest]
+    return [c for c in kept if c.num_warps == kept[0].num_warps]
 
 
 _KERNEL = None

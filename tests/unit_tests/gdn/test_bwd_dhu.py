@@ -254,6 +254,18 @@ def test_layouts_determinism_chunk_indices():
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+@pytest.mark.parametrize("K,V,dtype", [(128, 128, torch.bfloat16), (64, 64, torch.float32), (256, 256, torch.float32),
+                                       (100, 60, torch.float16)])
+def test_autotune_space_is_all_pipelined_or_all_not(K, V, dtype):
+    """Pipelined and unpipelined builds round dv/dh differently (H200, fp32 K = V = 64): a shape's autotune space
+    keeps one of the two (SPEC 0.6: a timing-based choice must not change the bits)."""
+    from mindspeed_ops.ops.gdn import bwd_dhu
+
+    BK, NK = bwd_dhu._block_k(K)
+    kept = bwd_dhu._prune(bwd_dhu._configs(), {"V": V, "q_ptr": torch.empty(0, dtype=dtype)}, BK=BK, NK=NK)
+    assert kept and len({c.num_stages > 1 for c in kept}) == 1
+
+
 def test_empty():
     q = torch.randn(1, 0, 2, 16, device=DEVICE)
     v = torch.randn(1, 0, 2, 8, device=DEVICE)
