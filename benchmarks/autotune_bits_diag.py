@@ -18,57 +18,63 @@ from tests.unit_tests.core import test_autotune_bits as tb  # noqa: E402  (its i
 NAMES = ["o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"]
 
 
-def main() -> None:
-    # (kda, varlen, dtype, K = V): the cases of the twelfth session's failures, then one that passed
-    for kda, varlen, dtype, K in ((False, False, torch.float32, 64), (False, True, torch.bfloat16, 64),
-                                  (True, True, torch.float32, 64), (False, False, torch.bfloat16, 128)):
-        print(f"== kda={kda} varlen={varlen} {dtype} K=V={K}", flush=True)
-        ins = tb._inputs(kda, dtype, K=K, V=K)
-        cu = torch.tensor([0, 130, 131, 700, 1000], dtype=torch.int32, device="cuda") if varlen else None
-        tb._step(kda, ins, cu)
-        tuners = tb._autotuners()
-        cache_results = {n: t.cache_results for n, t in tuners.items()}
-        kept = {}
+def _case(kda: bool, varlen: bool, dtype: torch.dtype, K: int) -> None:
+    print(f"== kda={kda} varlen={varlen} {dtype} K=V={K}", flush=True)
+    ins = tb._inputs(kda, dtype, K=K, V=K)
+    cu = torch.tensor([0, 130, 131, 700, 1000], dtype=torch.int32, device="cuda") if varlen else None
+    tb._step(kda, ins, cu)  # builds the lazily made autotuners
+    tuners = tb._autotuners()
+    saved = {n: (t.cache_results, dict(t.cache)) for n, t in tuners.items()}
+    kept: dict = {}  # per autotuner, every configuration any of its calls kept (first seen first)
+    used = set()
+
+    def prune(t, n, choice):
+        def f(kwargs):
+            ks = type(t).prune_configs(t, kwargs)
+            if choice is None:  # recording
+                kept.setdefault(n, []).extend(c for c in ks if str(c) not in map(str, kept.get(n, [])))
+            for c in ks:
+                if choice is not None and str(c) == str(choice):
+                    used.add(n)
+                    return [c]
+            return ks[:1]
+        return f
+
+    try:
         for n, t in tuners.items():
-            t.__dict__.pop("prune_configs", None)
-            def record(kwargs, _n=n, _orig=type(t).prune_configs.__get__(t)):
-                ks = _orig(kwargs)
-                kept.setdefault(_n, [])
-                for c in ks:
-                    if str(c) not in map(str, kept[_n]):
-                        kept[_n].append(c)
-                return ks[:1]
-            t.prune_configs = record
-            t.cache_results = False
+            t.prune_configs, t.cache_results = prune(t, n, None), False
             t.cache.clear()
         tb._step(kda, ins, cu)
         for n, cs in kept.items():
             print("  ", n, [str(c) for c in cs])
 
-        def force(choice):  # choice: {name: config} else the first kept
+        def run(name=None, choice=None):  # every autotuner at its first kept configuration, `name` at `choice`
             for n, t in tuners.items():
-                if n not in kept:
-                    continue
-                def f(kwargs, _n=n, _orig=type(t).prune_configs.__get__(t)):
-                    ks = _orig(kwargs)
-                    want = choice.get(_n)
-                    for c in ks:
-                        if want is not None and str(c) == str(want):
-                            return [c]
-                    return ks[:1]
-                t.prune_configs = f
+                t.prune_configs = prune(t, n, choice if n == name else None)
                 t.cache.clear()
+            used.clear()
             return tb._step(kda, ins, cu)
-        ref = force({})
+
+        ref = run()
         for n, cs in kept.items():
             for c in cs[1:]:
-                out = force({n: c})
+                out = run(n, c)
                 bad = [nm for nm, a, b in zip(NAMES, ref, out) if not torch.equal(a, b)]
-                print(f"   {n.split('.')[-2]} {c}: {bad or 'same'}", flush=True)
-        for n, t in tuners.items():  # the class's pruning and the on-disk cache again
+                verdict = (bad or "same") if n in used else "not run (no call kept it this time)"
+                print(f"   {n.split('.')[-2]} {c}: {verdict}", flush=True)
+    finally:
+        for n, t in tuners.items():  # the class's pruning, the on-disk cache and the earlier choices again
             t.__dict__.pop("prune_configs", None)
-            t.cache_results = cache_results[n]
+            t.cache_results = saved[n][0]
             t.cache.clear()
+            t.cache.update(saved[n][1])
+
+
+def main() -> None:
+    # (kda, varlen, dtype, K = V): the cases that failed on the H200 before the prune fixes, then one that passed
+    for case in ((False, False, torch.float32, 64), (False, True, torch.bfloat16, 64),
+                 (True, True, torch.float32, 64), (False, False, torch.bfloat16, 128)):
+        _case(*case)
 
 
 if __name__ == "__main__":

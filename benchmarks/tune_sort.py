@@ -1,6 +1,7 @@
 """Tile sweep of the sort_chunks_by_idx row-gather kernel on the GPU (``sort_chunks._tiles``): times the
 forward gather (tables + copy, device split tables) against ``torch`` copy of the same bytes, per (row
-segment words, rows a tile, warps), and checks every configuration's output bitwise against the first.
+segment words, rows a tile, warps), and checks every configuration's output bitwise against the default's
+(do_bench medians).
 
     python3 benchmarks/tune_sort.py [--M 65536] [--D 4096] [--S 64]
 """
@@ -27,21 +28,22 @@ def main() -> None:
     sizes = torch.multinomial(torch.ones(a.S), a.M, replacement=True, generator=gen).bincount(minlength=a.S)
     sizes, idx = sizes.cuda(), torch.randperm(a.S, generator=gen).cuda()
     y = torch.empty_like(x)
-    copy_ms = do_bench(lambda: y.copy_(x), warmup=25, rep=200)
+    copy_ms = do_bench(lambda: y.copy_(x), warmup=25, rep=200, return_mode="median")
     print(f"[{a.M}, {a.D}] bf16, {a.S} chunks; torch {torch.__version__}; copy {copy_ms:.4f} ms "
           f"({2 * x.numel() * 2 / copy_ms / 1e6:.0f} GB/s)", flush=True)
     orig = S._tiles
-    print(f"default tiles {orig(a.D * 2 // 8, 8)} (rows, words, warps)")
+    word = S._word_view(x).element_size()  # the kernel copies rows as words of this many bytes
+    print(f"default tiles {orig(x.shape[1] * 2 // word, word, a.S)} (rows, words, warps) of {word}-byte words")
     ref = S.forward(x, sizes, idx)
     results = []
     try:
         for bw, bm, warps in itertools.product([256, 512, 1024], [1, 2, 4, 8, 16, 32], [4, 8, 16]):
-            if bw * bm * 8 > 131072 or bw * bm < 32 * warps * 2:  # 128 KiB tiles at most; >= 2 words a thread
+            if bw * bm * word > 131072 or bw * bm < 32 * warps * 2:  # 128 KiB tiles at most; >= 2 words a thread
                 continue
-            S._tiles = lambda W, wb, _t=(bm, bw, warps): _t
+            S._tiles = lambda W, wb, NS, _t=(bm, bw, warps): _t
             out = S.forward(x, sizes, idx)
             assert torch.equal(out, ref), (bw, bm, warps)
-            ms = do_bench(lambda: S.forward(x, sizes, idx), warmup=25, rep=200)
+            ms = do_bench(lambda: S.forward(x, sizes, idx), warmup=25, rep=200, return_mode="median")
             results.append((ms, bw, bm, warps))
             print(f"  words {bw:4d} rows {bm:2d} warps {warps:2d}: {ms:.4f} ms {100 * copy_ms / ms:5.1f}% of copy",
                   flush=True)

@@ -100,9 +100,9 @@ def _prune(configs, named_args, **kwargs):
     """Keep configs whose fp32 gradient state (``NK·BK x BV``) is at most 64 registers a thread and whose
     V tile is not wider than V needs. Software pipelining (``num_stages >= 2``) stages every tile load of
     a chunk in shared memory, which fits sm_80/sm_90 only for rows of at most 256 bytes (16-bit
-    ``K <= 128``); wider rows (fp32, ``K = 256``) run unpipelined, and only then: the pipelined and unpipelined
-    builds round dv/dh differently (twelfth session, H200, fp32 K = V = 64), so a shape keeps one of the two (SPEC
-    0.6: a timing-based choice must not change the bits)."""
+    ``K <= 128``, fp32 ``K <= 64``); wider rows run unpipelined, and only they: the pipelined and unpipelined
+    builds round dv/dh differently (H200, fp32 K = V = 64: tests/unit_tests/core/test_autotune_bits.py), so a
+    shape keeps one of the two (SPEC 0.6: a timing-based choice must not change the bits)."""
     args = {**named_args, **kwargs}
     state = args["BK"] * args["NK"]
     row_bytes = state * args["q_ptr"].element_size()
@@ -118,8 +118,8 @@ _KERNEL = None
 
 def _kernel():
     """The dhu kernel under a small autotuner over ``BV`` (16/32/64: few sequences x heads want narrow
-    tiles for more programs) and stages; the key leaves out the number of sequences (varlen
-    batches change it every step)."""
+    tiles for more programs) and warps, pipelined or not by the row width (``_prune``); the key leaves out the
+    number of sequences (varlen batches change it every step)."""
     global _KERNEL
     if _KERNEL is None:
         from .triton_bwd import chunk_bwd_dhu_kernel

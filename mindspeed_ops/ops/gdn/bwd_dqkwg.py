@@ -92,31 +92,26 @@ def chunk_bwd_dqkwg(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
 def _configs():
     import triton
 
-    return [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
-            for bv, nw, ns in ((64, 8, 2), (32, 8, 2), (64, 8, 3), (32, 8, 3), (64, 4, 3), (32, 4, 3))]
+    return [triton.Config({"BV": bv}, num_warps=8, num_stages=ns) for bv, ns in ((64, 2), (32, 2), (64, 3), (32, 3))]
 
 
 def _prune(configs, named_args, **kwargs):
-    """V tiles as the other chunk launchers; with a 128-wide K block only 8 warps (H200, triton 3.6: BK=128,
-    BV=32, 4 warps, 3 stages gave wrong results, rel-RMS 7e-3 against the other configurations). Then only the
-    widest V tile left: dq, dk and dg sum one product per V tile, so the tile sets their summation order, and a
-    timing-based choice could round differently in another process (SPEC 0.6: bitwise run to run). Warps and
-    stages, which keep the order, stay tuned. (BV 64 was also the fastest at K = V = 128 on the H200.) The warp
-    count is fixed too (the first kept): it sets the layout of dg's row sums, whose order differs between 4 and 8
-    warps (twelfth session, H200, K = V = 64: dg differed bitwise)."""
+    """V tiles as the other chunk launchers, then only the widest left: dq, dk and dg sum one product per V tile,
+    so the tile sets their summation order, and a timing-based choice could round differently in another process
+    (SPEC 0.6: bitwise run to run; BV 64 was also the fastest at K = V = 128 on the H200). Only the stages stay
+    tuned, which keep the order. The warp count is fixed at 8: it sets the layout of dg's row sums, whose order
+    differs between 4 and 8 warps (H200, K = V = 64: tests/unit_tests/core/test_autotune_bits.py), and with a
+    128-wide K block 4 warps gave wrong results on triton 3.6 (BV 32, 3 stages: rel-RMS 7e-3)."""
     kept = prune_v_tiles(configs, named_args, **kwargs)
-    if kwargs.get("BK", named_args.get("BK", 0)) > 64:  # BK is a launch keyword (Triton passes those apart)
-        kept = [c for c in kept if c.num_warps >= 8] or [c for c in configs if c.num_warps >= 8][:1]
     widest = max(c.kwargs["BV"] for c in kept)
-    kept = [c for c in kept if c.kwargs["BV"] == widest]
-    return [c for c in kept if c.num_warps == kept[0].num_warps]
+    return [c for c in kept if c.kwargs["BV"] == widest]
 
 
 _KERNEL = None
 
 
 def _kernel():
-    """The dqkwg kernel under a small autotuner over the V tile (32/64) and warps/stages."""
+    """The dqkwg kernel under a small autotuner over the stages (one V tile and 8 warps per shape: ``_prune``)."""
     global _KERNEL
     if _KERNEL is None:
         from .triton_bwd import chunk_bwd_dqkwg_kernel

@@ -19,11 +19,15 @@ PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 #: up to this many splits a program finds its rows' chunks with one vector load and a compare-count;
 #: beyond it, with a binary search over ``out_end``
 SEARCH_BLOCK_MAX = 1024
-#: bytes of one row segment and of one [BM, BW] tile per loop step of the copy kernel: one 16-byte word a thread
-#: of 8 warps (benchmarks/tune_sort.py on the H200, [65536, 4096] bf16: 99.0% of copy vs 95.5% for 32 KiB tiles;
-#: [16384, 4096]: 86.9 vs 76.3%)
+#: bytes of one row segment and of one [BM, BW] tile per loop step of the copy kernel. Up to FEW_CHUNKS splits,
+#: 4 KiB tiles: one 16-byte word a thread of 8 warps (benchmarks/tune_sort.py on the H200, [65536, 4096] bf16,
+#: 64 chunks: 99.0% of copy vs 95.5% for 32 KiB tiles; [16384, 4096]: 86.9 vs 76.3%). With more splits each
+#: program reads a larger end table (or binary-searches it) before copying: 32 KiB tiles spread that over more
+#: rows (not measured with the small tiles)
 _SEGMENT_BYTES = 4096
-_TILE_BYTES = 4096
+_TILE_BYTES_FEW_CHUNKS = 4096
+_TILE_BYTES = 32768
+FEW_CHUNKS = 64
 _WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 
@@ -116,12 +120,14 @@ def _tables(split_sizes: torch.Tensor, sorted_idxs: torch.Tensor, M: int, device
     return Tables((out_end, delta), (inv_end, inv_delta), NS)
 
 
-def _tiles(W: int, word_bytes: int) -> tuple[int, int, int]:
-    """(rows, words, warps) of one copy step: row segments up to 4 KiB, ~4 KiB a tile."""
+def _tiles(W: int, word_bytes: int, NS: int) -> tuple[int, int, int]:
+    """(rows, words, warps) of one copy step over ``NS`` splits: row segments up to 4 KiB; tiles up to 4 KiB
+    (``NS <= FEW_CHUNKS``) or 32 KiB, at most 64 rows; 8 warps for a full tile (at least 16 KiB of the 32)."""
+    tile = _TILE_BYTES_FEW_CHUNKS if NS <= FEW_CHUNKS else _TILE_BYTES
     bw = min(tu.next_power_of_2(max(W, 1)), max(1, _SEGMENT_BYTES // word_bytes))
-    bm = max(1, min(64, _TILE_BYTES // (bw * word_bytes)))
+    bm = max(1, min(64, tile // (bw * word_bytes)))
     bm = 1 << (bm.bit_length() - 1)
-    return bm, bw, 8 if bm * bw * word_bytes >= 4096 else 4
+    return bm, bw, 8 if bm * bw * word_bytes >= min(tile, 16384) else 4
 
 
 def _needs_copy(x: torch.Tensor, p: Optional[torch.Tensor]) -> bool:
@@ -150,7 +156,7 @@ def _gather(x: torch.Tensor, p: Optional[torch.Tensor], table: tuple,
         pw = qw = xw
     W = xw.shape[1]
     search = NS > SEARCH_BLOCK_MAX
-    bm, bw, warps = _tiles(W, xw.element_size())
+    bm, bw, warps = _tiles(W, xw.element_size(), NS)
     end, delta = table
     sort_chunks_copy_kernel[(tu.cdiv(M, bm),)](
         xw, yw, pw, qw, end, delta, M, W, NS, xw.stride(0), yw.stride(0),

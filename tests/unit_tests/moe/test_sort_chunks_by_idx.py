@@ -57,6 +57,21 @@ def _check(inp, split_sizes, sorted_idxs, probs=None, dout=None, dprobs=None):
     return out, pp
 
 
+@pytest.mark.parametrize("NS", [1, 64, 65, 1025])
+def test_copy_tiles(NS):
+    """The copy step's tile: row segments of at most 4 KiB, a power of two of at most 64 rows, at most 4 KiB with
+    few chunks and 32 KiB with more (the per-program chunk lookup spread over more rows), 8 warps for a full one."""
+    limit = launch._TILE_BYTES_FEW_CHUNKS if NS <= launch.FEW_CHUNKS else launch._TILE_BYTES
+    for word in (1, 2, 4, 8):
+        for W in (1, 3, 16, 100, 511, 512, 513, 1024, 1792, 5000):
+            bm, bw, warps = launch._tiles(W, word, NS)
+            tile = bm * bw * word
+            assert bw * word <= 4096 and bm & (bm - 1) == 0 and bm <= 64 and tile <= limit, (W, word, bm, bw)
+            assert warps == (8 if tile >= min(limit, 16384) else 4)
+            if W * word >= 4096:
+                assert tile == limit
+
+
 def test_spec_example():
     x = torch.arange(6 * 3, dtype=torch.float32, device=DEVICE).view(6, 3)
     p = torch.arange(6, dtype=torch.float32, device=DEVICE) / 8
