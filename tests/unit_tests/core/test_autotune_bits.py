@@ -27,7 +27,7 @@ def _inputs(kda: bool, dtype=torch.bfloat16, B=1, T=1000, H=4, HV=8, K=128, V=12
                                                        do.to(DEVICE, dtype), dht.to(DEVICE)]
 
 
-def _step(kda: bool, ins, cu_seqlens=None):
+def _step(kda: bool, ins, cu_seqlens=None, chunk_size=64):
     """Outputs and every gradient of one training step (fresh leaves each call)."""
     q, k, v, g, beta, h0 = (t.detach().clone().requires_grad_(True) for t in ins[:6])
     do, dht = ins[6:]
@@ -36,7 +36,7 @@ def _step(kda: bool, ins, cu_seqlens=None):
         dht = dht.expand_as(h0)
     op = chunk_kda if kda else chunk_gated_delta_rule
     o, fs = op(q, k, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
-               cu_seqlens=cu_seqlens)
+               cu_seqlens=cu_seqlens, chunk_size=chunk_size)
     ((o.float() * do.float()).sum() + (fs * dht).sum()).backward()
     return [o, fs] + [t.grad for t in (q, k, v, g, beta, h0)]
 
@@ -52,21 +52,24 @@ def _autotuners():
     return found
 
 
-# bf16 at K = V = 128, fp32 and K = V = 64 keep different configuration sets (V tiles, warps, pipelining)
-@pytest.mark.parametrize("kda,varlen,dtype,K", [
-    (False, False, torch.bfloat16, 128), (False, True, torch.bfloat16, 128), (True, False, torch.bfloat16, 128),
-    (True, True, torch.bfloat16, 128), (False, False, torch.float32, 64), (True, True, torch.float32, 64),
-    (False, True, torch.bfloat16, 64)],
-    ids=["gdn", "gdn-varlen", "kda", "kda-varlen", "gdn-fp32-k64", "kda-varlen-fp32-k64", "gdn-varlen-k64"])
-def test_every_autotune_choice_gives_the_same_bits(kda, varlen, dtype, K):
+# bf16 at K = V = 128, fp32 and K = V = 64 keep different configuration sets (V tiles, warps, pipelining); chunk
+# size 32 other tensor-core tile shapes (the BT = 32 cases not yet run on the GPU)
+@pytest.mark.parametrize("kda,varlen,dtype,K,BT", [
+    (False, False, torch.bfloat16, 128, 64), (False, True, torch.bfloat16, 128, 64),
+    (True, False, torch.bfloat16, 128, 64), (True, True, torch.bfloat16, 128, 64), (False, False, torch.float32, 64, 64),
+    (True, True, torch.float32, 64, 64), (False, True, torch.bfloat16, 64, 64), (False, True, torch.bfloat16, 128, 32),
+    (True, True, torch.float16, 128, 32)],
+    ids=["gdn", "gdn-varlen", "kda", "kda-varlen", "gdn-fp32-k64", "kda-varlen-fp32-k64", "gdn-varlen-k64",
+         "gdn-varlen-bt32", "kda-varlen-fp16-bt32"])
+def test_every_autotune_choice_gives_the_same_bits(kda, varlen, dtype, K, BT):
     ins = _inputs(kda, dtype, K=K, V=K)
     cu = torch.tensor([0, 130, 131, 700, 1000], dtype=torch.int32, device=DEVICE) if varlen else None
-    _step(kda, ins, cu)  # builds the lazily made autotuners
+    _step(kda, ins, cu, BT)  # builds the lazily made autotuners
     everyone = _autotuners()
     before = {n: dict(t.cache) for n, t in everyone.items()}
     for t in everyone.values():  # earlier tests' choices must not count as this step's
         t.cache.clear()
-    ref = _step(kda, ins, cu)
+    ref = _step(kda, ins, cu, BT)
     tuners = {n: t for n, t in everyone.items() if t.cache}
     for n, t in everyone.items():
         if n not in tuners:
@@ -83,7 +86,7 @@ def test_every_autotune_choice_gives_the_same_bits(kda, varlen, dtype, K):
                 return kept
             t.prune_configs, t.cache_results = record, False
             t.cache.clear()
-        again = _step(kda, ins, cu)  # timed again, uncached: may already pick other configurations
+        again = _step(kda, ins, cu, BT)  # timed again, uncached: may already pick other configurations
         assert all(torch.equal(a, b) for a, b in zip(ref, again)), f"a re-tuned step differs: kept {pruned}"
         rounds = max(len(c) for lists in pruned.values() for c in lists)
         assert rounds > 1, f"every call kept one configuration: nothing to compare ({pruned})"
@@ -98,7 +101,7 @@ def test_every_autotune_choice_gives_the_same_bits(kda, varlen, dtype, K):
                     return [choice]
                 t.prune_configs = force
                 t.cache.clear()
-            out = _step(kda, ins, cu)
+            out = _step(kda, ins, cu, BT)
             names = ["o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"]
             bad = [nm for nm, a, b in zip(names, ref, out) if not torch.equal(a, b)]
             assert not bad, f"round {i}: {bad} differ bitwise with the configurations {picked}"
