@@ -11,9 +11,8 @@ import os
 import sys
 
 import torch
-from triton.testing import do_bench
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mindspeed_ops.atk.measure import bench_ms, copy_bandwidth_gbs  # noqa: E402  (the ATK's timing and ceiling)
 from mindspeed_ops.ops.moe import sort_chunks as S  # noqa: E402
 
 
@@ -27,10 +26,11 @@ def main() -> None:
     x = torch.randn(a.M, a.D, device="cuda", dtype=torch.bfloat16)
     sizes = torch.multinomial(torch.ones(a.S), a.M, replacement=True, generator=gen).bincount(minlength=a.S)
     sizes, idx = sizes.cuda(), torch.randperm(a.S, generator=gen).cuda()
-    y = torch.empty_like(x)
-    copy_ms = do_bench(lambda: y.copy_(x), warmup=25, rep=200, return_mode="median")
+    nbytes = x.numel() * x.element_size()
+    copy_gbs = copy_bandwidth_gbs("cuda", nbytes=nbytes, rep=200)  # a copy of the same bytes
+    copy_ms = 2 * nbytes / copy_gbs / 1e6
     print(f"[{a.M}, {a.D}] bf16, {a.S} chunks; torch {torch.__version__}; copy {copy_ms:.4f} ms "
-          f"({2 * x.numel() * 2 / copy_ms / 1e6:.0f} GB/s)", flush=True)
+          f"({copy_gbs:.0f} GB/s)", flush=True)
     orig = S._tiles
     word = S._word_view(x).element_size()  # the kernel copies rows as words of this many bytes
     print(f"default tiles {orig(x.shape[1] * 2 // word, word, a.S)} (rows, words, warps) of {word}-byte words")
@@ -43,7 +43,7 @@ def main() -> None:
             S._tiles = lambda W, wb, NS, _t=(bm, bw, warps): _t
             out = S.forward(x, sizes, idx)
             assert torch.equal(out, ref), (bw, bm, warps)
-            ms = do_bench(lambda: S.forward(x, sizes, idx), warmup=25, rep=200, return_mode="median")
+            ms = bench_ms(lambda: S.forward(x, sizes, idx), "cuda", rep=200).median_ms
             results.append((ms, bw, bm, warps))
             print(f"  words {bw:4d} rows {bm:2d} warps {warps:2d}: {ms:.4f} ms {100 * copy_ms / ms:5.1f}% of copy",
                   flush=True)
