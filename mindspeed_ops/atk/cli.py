@@ -43,8 +43,11 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--small", dest="small", action="store_true", default=None,
                       help="only the cpu-marked (small) shape points (default on CPU)")
-    size.add_argument("--full", dest="small", action="store_false", help="every shape point (default on GPU)")
-    p.add_argument("--quick", action="store_true", help="per case only the quick-marked points (else the last one)")
+    size.add_argument("--full", dest="small", action="store_false", help="every shape point (default on GPU); with --from-json: "
+                      "check the merged report against the full CUDA plan (see --quick)")
+    p.add_argument("--quick", action="store_true", help="per case only the quick-marked points (else the last one); with "
+                   "--from-json: check the merged report against the quick CUDA plan (its not_run lists the "
+                   "planned runs no report holds; the report is complete when none are left)")
     p.add_argument("--cases", nargs="+", metavar="TEXT", help="only cases whose name contains one of these")
     p.add_argument("--backends", help="accuracy backends, comma-separated (default: the dispatched one; on CPU "
                                       "also 'reference')")
@@ -75,7 +78,7 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 #: the flags read by each mode that runs nothing; any other flag given with it is a usage error (it used to be
 #: silently ignored, e.g. --dtypes fp8 with --from-json)
 _MODE_FLAGS = {"list": {"ops", "families", "atk_dir"}, "validate": {"ops", "families", "atk_dir", "device"},
-               "from_json": {"ops", "families", "atk_dir", "suite", "out", "summary_md", "no_plots"}}
+               "from_json": {"ops", "families", "atk_dir", "suite", "out", "summary_md", "no_plots", "quick", "small"}}
 
 
 def _unused_flags(args, parser: argparse.ArgumentParser, mode: str) -> list:
@@ -159,6 +162,25 @@ _ITEM_SUITES = {"accuracy": ("accuracy",), "check": ("accuracy",), "determinism"
                 "measure": ("performance", "memory")}
 
 
+def _coverage(args, report: dict, suites: list, con) -> None:
+    """``--from-json`` with ``--quick`` or ``--full``: check the merged report against that CUDA plan of the
+    selected ops and suites; its ``not_run`` becomes the plan's runs that no report holds, and the report is
+    complete exactly when there are none."""
+    from .runner import SUITES, missing_runs
+    from .schema import load_specs
+
+    specs = load_specs(args.atk_dir, _split(args.ops) or None)
+    kept = list(SUITES) if "all" in suites else [s for s in SUITES if s in suites]
+    planned, missing = missing_runs(report, specs, quick=bool(args.quick), suites=kept)
+    report["not_run"] = missing
+    report["complete"] = not missing
+    plan = "--quick" if args.quick else "--full"
+    line = (f"coverage of the {plan} CUDA plan ({', '.join(kept)}): {planned - len(missing)} of {planned} runs "
+            f"held" + (f", {len(missing)} not run (listed)" if missing else ": complete"))
+    report.setdefault("notes", []).insert(0, line)
+    con.print(line, markup=False)
+
+
 def _from_json(args, con) -> int:
     from .report import label_op, load_report, merge_reports, summary_markdown, write_all
     from .runner import parse_suites
@@ -180,6 +202,8 @@ def _from_json(args, con) -> int:
         if "not_run" in report:
             report["not_run"] = [lbl for lbl in report["not_run"]
                                  if set(_ITEM_SUITES.get(lbl.split(" ", 1)[0], ())) & set(suites)]
+    if args.quick or args.small is False:
+        _coverage(args, report, suites, con)
     # the summary table is of timings: empty unless the performance suite is kept (memory shares its rows)
     summary = summary_markdown(report if {"all", "performance"} & set(suites) else {**report, "performance": []})
     if args.out:
@@ -212,6 +236,8 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         unused = _unused_flags(args, parser, mode) if getattr(args, mode) else []
         if unused:
             parser.error(f"--{mode.replace('_', '-')} does not use {', '.join(unused)}")
+    if args.from_json and args.small:
+        parser.error("--from-json checks coverage against the --quick or --full CUDA plan, not --small")
     for flag, path, is_dir in (("--out", args.out, True), ("--summary-md", args.summary_md, False)):
         if path is not None and (problem := output_path_problem(path, is_dir)):  # fail now, not after the run
             parser.error(f"{flag} {path}: {problem}")

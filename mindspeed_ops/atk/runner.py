@@ -186,6 +186,18 @@ def make_plan(specs: Sequence[OpSpec], suites: Sequence[str], device: torch.devi
     return plan
 
 
+def missing_runs(report: dict, specs: Sequence[OpSpec], quick: bool, suites: Sequence[str] = SUITES) -> tuple:
+    """``(planned, missing labels)``: the runs a CUDA run of ``specs`` (``quick`` or every shape point, each
+    case's dtypes, default backend) would make for ``suites``, and those ``report`` holds no row of (as
+    ``--skip-done`` counts them: a measured point counts once ``ours`` has a result). Lets a report merged
+    from time-limited jobs say whether it covers the whole plan, whatever its parts' ``not_run`` lists
+    recorded (a killed job's partial report does not list the runs it never reached)."""
+    plan = make_plan(specs, list(suites), torch.device("cuda"), Options(small=False, quick=quick))
+    done = done_runs([report])
+    keyed = [i for i in plan.items if item_key(i) is not None]
+    return len(keyed), [i.label() for i in keyed if item_key(i) not in done]
+
+
 def _add_check_cases(plan: Plan, specs: Sequence[OpSpec], device: torch.device, want_dtypes, bks) -> None:
     """The ops' :class:`mindspeed_ops.checks.CheckCase` s (what ``mindspeed-ops check`` runs), as accuracy
     items run by :func:`mindspeed_ops.check_runner.run_case` (small shapes on CPU, real ones on GPU)."""

@@ -307,7 +307,8 @@ def test_flags_a_mode_does_not_use_are_usage_errors(tmp_path, capsys):
     assert "not allowed with argument --list" in _atk_usage_error(capsys, "--list", "--from-json", "r.json")
     assert "--list does not use --suite" in _atk_usage_error(capsys, "--list", "--suite", "accuracy")
     err = _atk_usage_error(capsys, "--from-json", "r.json", "--dtypes", "fp8", "--full", "--cases", "x")
-    assert "--from-json does not use --dtypes, --small/--full, --cases" in err
+    assert "--from-json does not use --dtypes, --cases" in err
+    assert "not --small" in _atk_usage_error(capsys, "--from-json", "r.json", "--small")
     assert "--validate does not use --quick" in _atk_usage_error(capsys, "--validate", "--quick")
     for flag in ("--dtypes", "--backends", "--baselines"):  # an empty list is not the default selection
         assert f"{flag}: no names given" in _atk_usage_error(capsys, "--ops", "rms_norm", flag, ",")
@@ -415,3 +416,57 @@ def test_a_killed_run_leaves_a_report_of_what_it_did_not_reach(tmp_path, capsys,
     done = {(r["case"], r["shape"]) for r in rep["accuracy"]}
     assert rep["not_run"] and all(lbl.split(" / ")[1:3] not in [list(d) for d in done] for lbl in rep["not_run"])
     assert rep["not_run"][0].startswith("accuracy rms_norm / ")
+
+
+def test_from_json_coverage_of_the_quick_and_full_plans(tmp_path, capsys):
+    """``--from-json --quick`` (``--full``) checks a merged report against that CUDA plan: ``not_run`` lists
+    exactly the planned runs no report holds (a killed job's partial report does not list what it never
+    reached), and the report is complete (no PARTIAL banner) only when none is left."""
+    d = tmp_path / "cases"
+    d.mkdir()
+    (d / "rms_norm.yaml").write_text(
+        "op: rms_norm\nfamily: norm\nreference: mindspeed_ops.ops.norm.reference:rms_norm\n"
+        "inputs:\n  x: {shape: [N, D]}\n  weight: {shape: [D]}\ngrads: [x, weight]\n"
+        "cases:\n  - name: plain\n    suites: [accuracy, determinism]\n    dtypes: [fp32, bf16]\n"
+        "    shapes: [{N: 4, D: 32, cpu: true}, {N: 64, D: 128, quick: true}, {N: 128, D: 256}]\n")
+    atk = ("--atk-dir", str(d))
+
+    def acc(shape, dtype):
+        return {"op": "rms_norm", "case": "plain", "values": "normal", "shape": shape, "dtype": dtype,
+                "backend": "triton", "passed": True, "fwd_rel_rms": 0.0, "grad_rel_rms": 0.0, "nonfinite": 0,
+                "reason": None, "comparisons": []}
+
+    def det(shape, dtype):
+        return {"op": "rms_norm", "case": "plain", "shape": shape, "dtype": dtype, "backend": "triton",
+                "fwd_bitwise": True, "bwd_bitwise": True, "passed": True, "reason": None}
+
+    # a partial report (killed: complete False, nothing listed in not_run) holding half of the quick plan
+    part = {"format": "mindspeed-ops-atk/1", "complete": False, "meta": {"command": "a", "suites": ["accuracy"]},
+            "accuracy": [acc("N=64 D=128", "fp32")], "determinism": [], "performance": [], "not_run": []}
+    (tmp_path / "part.json").write_text(json.dumps(part))
+    code, out = _atk("--from-json", str(tmp_path / "part.json"), "--quick", *atk, "--suite", "accuracy",
+                     "--out", str(tmp_path / "m1"), "--no-plots", capsys=capsys)
+    rep = json.loads((tmp_path / "m1" / "report.json").read_text())
+    assert code == 0 and "1 of 2 runs held, 1 not run" in out
+    assert rep["complete"] is False and rep["not_run"] == ["accuracy rms_norm / plain / N=64 D=128 / bf16"]
+    # the rest of the quick plan in a second report: complete, the banner gone
+    rest = dict(part, complete=True, accuracy=[acc("N=64 D=128", "bf16")],
+                determinism=[det("N=64 D=128", "fp32"), det("N=64 D=128", "bf16")])
+    (tmp_path / "rest.json").write_text(json.dumps(rest))
+    both = (str(tmp_path / "part.json"), str(tmp_path / "rest.json"))
+    code, out = _atk("--from-json", *both, "--quick", *atk, "--out", str(tmp_path / "m2"), "--no-plots",
+                     capsys=capsys)
+    rep = json.loads((tmp_path / "m2" / "report.json").read_text())
+    assert code == 0 and "4 of 4 runs held: complete" in out and rep["complete"] is True and not rep["not_run"]
+    md = (tmp_path / "m2" / "report.md").read_text()
+    assert "PARTIAL" not in md and "coverage of the --quick CUDA plan" in md
+    # the full plan has every shape point (the cpu-marked one included, as a GPU run with --full makes it)
+    code, out = _atk("--from-json", *both, "--full", *atk, "--out", str(tmp_path / "m3"), "--no-plots",
+                     capsys=capsys)
+    rep = json.loads((tmp_path / "m3" / "report.json").read_text())
+    assert code == 0 and rep["complete"] is False and "4 of 12 runs held" in out
+    assert "accuracy rms_norm / plain / N=128 D=256 / fp32" in rep["not_run"]
+    # without --quick/--full the merge keeps its parts' not_run lists (and their completeness)
+    code, out = _atk("--from-json", *both, *atk, "--out", str(tmp_path / "m4"), "--no-plots", capsys=capsys)
+    rep = json.loads((tmp_path / "m4" / "report.json").read_text())
+    assert code == 0 and rep["complete"] is False and "CUDA plan" not in out
