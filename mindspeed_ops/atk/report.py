@@ -94,6 +94,12 @@ def summary_markdown(report: dict) -> str:
              "torch.compile and the installed peers; `other/ours` > 1 means ours is faster. `GPU` columns: CUDA-graph "
              "replay medians (kernel time without the host; `do_bench` times of small or fwd+bwd calls can be "
              "host-bound).", ""]
+    # a merged report checked against a plan (``--from-json --quick``/``--full``) says how much of it it holds
+    coverage = [n + "." for n in report.get("notes", []) if n.startswith("coverage of the ")]
+    if coverage:
+        lines += coverage + [""]
+    if not report.get("complete", True):
+        lines += ["**PARTIAL**: not every planned run is in this report (see its not_run list).", ""]
     rows = []
     for s in summary_rows(report):
         ours = _fmt(s["ours_ms"], ".4f") if s["ours_ms"] is not None else f"x ({s['ours_error']})"

@@ -460,6 +460,8 @@ def test_from_json_coverage_of_the_quick_and_full_plans(tmp_path, capsys):
     assert code == 0 and "4 of 4 runs held: complete" in out and rep["complete"] is True and not rep["not_run"]
     md = (tmp_path / "m2" / "report.md").read_text()
     assert "PARTIAL" not in md and "coverage of the --quick CUDA plan" in md
+    code, out = _atk("--from-json", *both, "--quick", *atk, "--summary-md", str(tmp_path / "s.md"), capsys=capsys)
+    assert code == 0 and "4 of 4 runs held: complete." in (tmp_path / "s.md").read_text()
     # the full plan has every shape point (the cpu-marked one included, as a GPU run with --full makes it)
     code, out = _atk("--from-json", *both, "--full", *atk, "--out", str(tmp_path / "m3"), "--no-plots",
                      capsys=capsys)
