@@ -43,11 +43,13 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--small", dest="small", action="store_true", default=None,
                       help="only the cpu-marked (small) shape points (default on CPU)")
-    size.add_argument("--full", dest="small", action="store_false", help="every shape point (default on GPU); with --from-json: "
-                      "check the merged report against the full CUDA plan (see --quick)")
-    p.add_argument("--quick", action="store_true", help="per case only the quick-marked points (else the last one); with "
-                   "--from-json: check the merged report against the quick CUDA plan (its not_run lists the "
-                   "planned runs no report holds; the report is complete when none are left)")
+    size.add_argument("--full", dest="small", action="store_false",
+                      help="every shape point (default on GPU); with --from-json: check the merged report against "
+                           "the full CUDA plan (see --quick)")
+    p.add_argument("--quick", action="store_true",
+                   help="per case only the quick-marked points (else the last one); with --from-json: check the "
+                        "merged report against the quick CUDA plan (its not_run lists the planned runs no report "
+                        "holds; the report is complete when none are left)")
     p.add_argument("--cases", nargs="+", metavar="TEXT", help="only cases whose name contains one of these")
     p.add_argument("--backends", help="accuracy backends, comma-separated (default: the dispatched one; on CPU "
                                       "also 'reference')")
