@@ -48,8 +48,8 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                            "the full CUDA plan (see --quick)")
     p.add_argument("--quick", action="store_true",
                    help="per case only the quick-marked points (else the last one); with --from-json: check the "
-                        "merged report against the quick CUDA plan (its not_run lists the planned runs no report "
-                        "holds; the report is complete when none are left)")
+                        "merged report against the quick CUDA plan (its not_run lists the planned runs no GPU "
+                        "report holds; the report is complete when none are left, else the exit code is 1)")
     p.add_argument("--cases", nargs="+", metavar="TEXT", help="only cases whose name contains one of these")
     p.add_argument("--backends", help="accuracy backends, comma-separated (default: the dispatched one; on CPU "
                                       "also 'reference')")
@@ -164,23 +164,29 @@ _ITEM_SUITES = {"accuracy": ("accuracy",), "check": ("accuracy",), "determinism"
                 "measure": ("performance", "memory")}
 
 
-def _coverage(args, report: dict, suites: list, con) -> None:
-    """``--from-json`` with ``--quick`` or ``--full``: check the merged report against that CUDA plan of the
-    selected ops and suites; its ``not_run`` becomes the plan's runs that no report holds, and the report is
-    complete exactly when there are none."""
+def _coverage(args, report: dict, parts: list, suites: list, con) -> bool:
+    """``--from-json`` with ``--quick`` or ``--full``: check the merged ``report`` of ``parts`` against that CUDA
+    plan of the selected ops and suites (:func:`mindspeed_ops.atk.runner.missing_runs`); its ``not_run``
+    becomes the plan's runs that no part holds, and it is complete exactly when there are none (returned)."""
     from .runner import SUITES, missing_runs
     from .schema import load_specs
 
     specs = load_specs(args.atk_dir, _split(args.ops) or None)
     kept = list(SUITES) if "all" in suites else [s for s in SUITES if s in suites]
-    planned, missing = missing_runs(report, specs, quick=bool(args.quick), suites=kept)
+    planned, missing = missing_runs(parts, specs, quick=bool(args.quick), suites=kept)
     report["not_run"] = missing
     report["complete"] = not missing
     plan = "--quick" if args.quick else "--full"
     line = (f"coverage of the {plan} CUDA plan ({', '.join(kept)}): {planned - len(missing)} of {planned} runs "
-            f"held" + (f", {len(missing)} not run (listed)" if missing else ": complete"))
-    report.setdefault("notes", []).insert(0, line)
+            f"held" + (f", {len(missing)} not run" if missing else ": complete"))
+    # a re-checked report keeps only this check's line (an input's own line would contradict it)
+    report["notes"] = [line] + [n for n in report.get("notes", []) if not n.startswith("coverage of the ")]
     con.print(line, markup=False)
+    for label in missing[:10]:
+        con.print(f"  not run: {label}", markup=False)
+    if len(missing) > 10:
+        con.print(f"  ... and {len(missing) - 10} more (report.json `not_run`)", markup=False)
+    return not missing
 
 
 def _from_json(args, con) -> int:
@@ -188,7 +194,8 @@ def _from_json(args, con) -> int:
     from .runner import parse_suites
 
     suites = parse_suites(args.suite)  # before reading anything: an unknown suite is a usage error
-    report = merge_reports([load_report(p) for p in args.from_json])
+    parts = [load_report(p) for p in args.from_json]
+    report = merge_reports(parts)
     ops = _split(args.ops)
     if ops:  # re-render only these ops' rows (e.g. one family's table out of a merged run)
         for key in ("accuracy", "determinism", "performance", "skipped", "load_errors"):
@@ -204,8 +211,7 @@ def _from_json(args, con) -> int:
         if "not_run" in report:
             report["not_run"] = [lbl for lbl in report["not_run"]
                                  if set(_ITEM_SUITES.get(lbl.split(" ", 1)[0], ())) & set(suites)]
-    if args.quick or args.small is False:
-        _coverage(args, report, suites, con)
+    covered = _coverage(args, report, parts, suites, con) if args.quick or args.small is False else True
     # the summary table is of timings: empty unless the performance suite is kept (memory shares its rows)
     summary = summary_markdown(report if {"all", "performance"} & set(suites) else {**report, "performance": []})
     if args.out:
@@ -219,7 +225,7 @@ def _from_json(args, con) -> int:
         con.print(f"wrote {args.summary_md}", markup=False)
     if not args.out and not args.summary_md:
         con.print(summary, markup=False)
-    return 0
+    return 0 if covered else 1
 
 
 def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -240,6 +246,8 @@ def run_cli(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error(f"--{mode.replace('_', '-')} does not use {', '.join(unused)}")
     if args.from_json and args.small:
         parser.error("--from-json checks coverage against the --quick or --full CUDA plan, not --small")
+    if args.from_json and args.quick and args.small is False:
+        parser.error("--from-json checks coverage against one plan: --quick or --full, not both")
     for flag, path, is_dir in (("--out", args.out, True), ("--summary-md", args.summary_md, False)):
         if path is not None and (problem := output_path_problem(path, is_dir)):  # fail now, not after the run
             parser.error(f"{flag} {path}: {problem}")

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .report import done_key as _done_key, done_runs
+from .report import done_key as _done_key, done_runs, merge_reports
 from .schema import SUITES, CaseSpec, OpSpec, ShapePoint, load_specs
 
 
@@ -186,16 +186,30 @@ def make_plan(specs: Sequence[OpSpec], suites: Sequence[str], device: torch.devi
     return plan
 
 
-def missing_runs(report: dict, specs: Sequence[OpSpec], quick: bool, suites: Sequence[str] = SUITES) -> tuple:
+def missing_runs(reports: Sequence[dict], specs: Sequence[OpSpec], quick: bool,
+                 suites: Sequence[str] = SUITES) -> tuple:
     """``(planned, missing labels)``: the runs a CUDA run of ``specs`` (``quick`` or every shape point, each
-    case's dtypes, default backend) would make for ``suites``, and those ``report`` holds no row of (as
-    ``--skip-done`` counts them: a measured point counts once ``ours`` has a result). Lets a report merged
-    from time-limited jobs say whether it covers the whole plan, whatever its parts' ``not_run`` lists
-    recorded (a killed job's partial report does not list the runs it never reached)."""
+    case's dtypes, default backend) would make for ``suites``, and those the CUDA reports of ``reports``, merged
+    as ``--from-json`` merges them, do not hold.
+    Lets a report merged from time-limited jobs say whether it covers the whole plan, whatever its parts'
+    ``not_run`` lists recorded (a killed job's partial report does not list the runs it never reached).
+
+    Stricter than ``--skip-done``: rows of CPU runs (interpreter, small shapes) do not count; a measured point
+    counts for ``performance`` only with an ``ours`` time and for ``memory`` only with an ``ours`` peak; a
+    case whose callables do not load is missing as a whole (``load error ...``)."""
     plan = make_plan(specs, list(suites), torch.device("cuda"), Options(small=False, quick=quick))
-    done = done_runs([report])
+    gpu = [r for r in reports if r.get("meta", {}).get("device") != "cpu"]
+    merged = merge_reports(gpu) if gpu else {}  # a later run of a point supersedes an earlier one, as in the report
+    done = done_runs([{k: merged.get(k, []) for k in ("accuracy", "determinism")}])
+    need = [k for k, s in (("median_ms", "performance"), ("peak_extra_mib", "memory")) if s in suites]
+    for x in merged.get("performance", []):
+        have = [x.get(k) is not None for k in need]
+        if x.get("kind") == "ours" and not x.get("error") and have and all(have):
+            done.add(_done_key("measure", x.get("op"), x.get("variant"), x.get("shape"), x.get("dtype")))
     keyed = [i for i in plan.items if item_key(i) is not None]
-    return len(keyed), [i.label() for i in keyed if item_key(i) not in done]
+    missing = [i.label() for i in keyed if item_key(i) not in done]
+    missing += [f"load error {e['op']} / {e['case']}: {e['error']}" for e in plan.load_errors]
+    return len(keyed) + len(plan.load_errors), missing
 
 
 def _add_check_cases(plan: Plan, specs: Sequence[OpSpec], device: torch.device, want_dtypes, bks) -> None:

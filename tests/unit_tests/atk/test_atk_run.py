@@ -447,7 +447,8 @@ def test_from_json_coverage_of_the_quick_and_full_plans(tmp_path, capsys):
     code, out = _atk("--from-json", str(tmp_path / "part.json"), "--quick", *atk, "--suite", "accuracy",
                      "--out", str(tmp_path / "m1"), "--no-plots", capsys=capsys)
     rep = json.loads((tmp_path / "m1" / "report.json").read_text())
-    assert code == 0 and "1 of 2 runs held, 1 not run" in rep["notes"][0]
+    assert code == 1 and "1 of 2 runs held, 1 not run" in rep["notes"][0]  # exit code 1: runs missing
+    assert "not run: accuracy rms_norm / plain / N=64 D=128 / bf16" in " ".join(out.split())  # wrapped or not
     assert rep["complete"] is False and rep["not_run"] == ["accuracy rms_norm / plain / N=64 D=128 / bf16"]
     # the rest of the quick plan in a second report: complete, the banner gone
     rest = dict(part, complete=True, accuracy=[acc("N=64 D=128", "bf16")],
@@ -467,9 +468,45 @@ def test_from_json_coverage_of_the_quick_and_full_plans(tmp_path, capsys):
     code, out = _atk("--from-json", *both, "--full", *atk, "--out", str(tmp_path / "m3"), "--no-plots",
                      capsys=capsys)
     rep = json.loads((tmp_path / "m3" / "report.json").read_text())
-    assert code == 0 and rep["complete"] is False and "4 of 12 runs held" in rep["notes"][0]
+    assert code == 1 and rep["complete"] is False and "4 of 12 runs held" in rep["notes"][0]
     assert "accuracy rms_norm / plain / N=128 D=256 / fp32" in rep["not_run"]
     # without --quick/--full the merge keeps its parts' not_run lists (and their completeness)
     code, out = _atk("--from-json", *both, *atk, "--out", str(tmp_path / "m4"), "--no-plots", capsys=capsys)
     rep = json.loads((tmp_path / "m4" / "report.json").read_text())
     assert code == 0 and rep["complete"] is False and not any("CUDA plan" in n for n in rep["notes"])
+    # re-checking a checked report keeps only the new coverage line (the input's would contradict it)
+    code, out = _atk("--from-json", str(tmp_path / "m3" / "report.json"), "--quick", *atk, "--out",
+                     str(tmp_path / "m5"), "--no-plots", capsys=capsys)
+    rep = json.loads((tmp_path / "m5" / "report.json").read_text())
+    assert code == 0 and [n for n in rep["notes"] if n.startswith("coverage")] == [
+        "coverage of the --quick CUDA plan (accuracy, performance, memory, determinism): 4 of 4 runs held: complete"]
+    # rows of a CPU run (interpreter, small shapes) are not CUDA runs
+    cpu = dict(rest, meta={"command": "c", "suites": ["accuracy"], "device": "cpu"})
+    (tmp_path / "cpu.json").write_text(json.dumps(cpu))
+    code, out = _atk("--from-json", str(tmp_path / "part.json"), str(tmp_path / "cpu.json"), "--quick", *atk,
+                     "--out", str(tmp_path / "m6"), "--no-plots", capsys=capsys)
+    assert code == 1 and "1 of 4 runs held" in json.loads((tmp_path / "m6" / "report.json").read_text())["notes"][0]
+    # a case whose callables do not load is missing, not silently out of the plan
+    (d / "rms_norm.yaml").write_text((d / "rms_norm.yaml").read_text().replace("reference:rms_norm",
+                                                                             "reference:no_such_function"))
+    code, out = _atk("--from-json", *both, "--quick", *atk, "--out", str(tmp_path / "m7"), "--no-plots",
+                     capsys=capsys)
+    rep = json.loads((tmp_path / "m7" / "report.json").read_text())
+    assert code == 1 and rep["complete"] is False and rep["not_run"][0].startswith("load error rms_norm / plain")
+    assert "one plan" in _atk_usage_error(capsys, "--from-json", *both, "--quick", "--full")
+
+
+def test_coverage_counts_memory_and_time_apart():
+    """A measured point counts for the performance suite with an ``ours`` time and for memory with an ``ours``
+    peak (``--skip-done`` takes either: a re-run measures both anyway)."""
+    from mindspeed_ops.atk.runner import missing_runs
+    from mindspeed_ops.atk.schema import load_specs
+
+    specs = load_specs(None, ["rms_norm"])
+    planned, missing = missing_runs([], specs, quick=True, suites=["memory"])
+    assert planned and len(missing) == planned
+    rows = [dict(op="rms_norm", variant=lbl.split(" / ")[1], shape=lbl.split(" / ")[2], dtype=lbl.split(" / ")[3],
+                 kind="ours", median_ms=1.0, peak_extra_mib=None, error=None) for lbl in missing]
+    timed = {"meta": {"device": "cuda"}, "performance": rows}
+    assert missing_runs([timed], specs, quick=True, suites=["performance"])[1] == []
+    assert len(missing_runs([timed], specs, quick=True, suites=["memory"])[1]) == planned
