@@ -13,7 +13,11 @@ import os
 import sys
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mindspeed_ops.api import sort_chunks_by_idx  # noqa: E402
 from mindspeed_ops.atk.measure import bench_ms, copy_bandwidth_gbs  # noqa: E402  (the ATK's timing and ceiling)
 from mindspeed_ops.ops.moe import sort_chunks as S  # noqa: E402
 
@@ -61,7 +65,6 @@ def main() -> None:
 
 def time_default(x, sizes, idx, ref, copy_ms: float) -> None:
     """Default tiles: forward, backward gather, and the op's forward+backward (two copies' worth of bytes)."""
-    from mindspeed_ops.api import sort_chunks_by_idx
     assert torch.equal(S.backward(ref, sizes, idx), x), "the backward gather must undo the forward"
     rows = [("forward gather", lambda: S.forward(x, sizes, idx), copy_ms),
             ("backward gather", lambda: S.backward(ref, sizes, idx), copy_ms)]
@@ -84,14 +87,12 @@ def time_default(x, sizes, idx, ref, copy_ms: float) -> None:
 def kernel_ms(fn, steps: int = 20) -> float:
     """GPU kernel time per call (torch.profiler, summed over the CUDA kernels and copies): the op-level
     do_bench median includes its host work (argument checks, tables) when that exceeds the GPU time."""
-    from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
-    from torch.autograd import DeviceType
     cuda = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]  # kernels/copies, not host ops
     return sum(e.self_device_time_total for e in cuda) / steps / 1e3
 

@@ -357,10 +357,15 @@ def _requested_backend(row: dict) -> Optional[str]:
     return "reference" if row.get("backend") == "reference" else None
 
 
-def done_runs(reports: Sequence[dict]) -> set:
+def done_runs(reports: Sequence[dict], need: Optional[Sequence[str]] = None) -> set:
     """Keys of the runs earlier reports hold: accuracy and determinism rows, and measured points whose
     ``ours`` row has a result (a failed measurement is run again). A measured point counts as done whichever
-    of the performance/memory suites and directions its run measured (e.g. a memory-only run)."""
+    of the performance/memory suites and directions its run measured (e.g. a memory-only run); with ``need``
+    (row fields, e.g. ``("median_ms", "peak_extra_mib")``) only if its ``ours`` row has every one of them."""
+    def measured(x):
+        fields = [x.get(k) is not None for k in (need if need is not None else ("median_ms", "peak_extra_mib"))]
+        return all(fields) if need is not None else any(fields)
+
     done = set()
     for r in reports:
         for suite in ("accuracy", "determinism"):
@@ -368,8 +373,7 @@ def done_runs(reports: Sequence[dict]) -> set:
                                   _requested_backend(x)) for x in r.get(suite, []))
         done.update(done_key("measure", x.get("op"), x.get("variant"), x.get("shape"), x.get("dtype"))
                     for x in r.get("performance", [])
-                    if x.get("kind") == "ours" and not x.get("error")
-                    and (x.get("median_ms") is not None or x.get("peak_extra_mib") is not None))
+                    if x.get("kind") == "ours" and not x.get("error") and measured(x))
     return done
 
 

@@ -200,12 +200,8 @@ def missing_runs(reports: Sequence[dict], specs: Sequence[OpSpec], quick: bool,
     plan = make_plan(specs, list(suites), torch.device("cuda"), Options(small=False, quick=quick))
     gpu = [r for r in reports if r.get("meta", {}).get("device") != "cpu"]
     merged = merge_reports(gpu) if gpu else {}  # a later run of a point supersedes an earlier one, as in the report
-    done = done_runs([{k: merged.get(k, []) for k in ("accuracy", "determinism")}])
     need = [k for k, s in (("median_ms", "performance"), ("peak_extra_mib", "memory")) if s in suites]
-    for x in merged.get("performance", []):
-        have = [x.get(k) is not None for k in need]
-        if x.get("kind") == "ours" and not x.get("error") and have and all(have):
-            done.add(_done_key("measure", x.get("op"), x.get("variant"), x.get("shape"), x.get("dtype")))
+    done = done_runs([merged], need=need)
     keyed = [i for i in plan.items if item_key(i) is not None]
     missing = [i.label() for i in keyed if item_key(i) not in done]
     missing += [f"load error {e['op']} / {e['case']}: {e['error']}" for e in plan.load_errors]
