@@ -3,10 +3,12 @@
 Pipeline (SPEC 1.10.0 table): optional in-kernel l2norm of q/k -> ``G = chunk_local_cumsum(g)`` ->
 ``A = chunk_scaled_dot_kkt(k, G, beta)`` -> ``Ainv = solve_tril(A)`` -> ``w, u = recompute_w_u_fwd`` ->
 ``h, v_new, final_state = chunk_gated_delta_rule_fwd_h`` -> ``o = chunk_fwd_o``. The backward needs
-only the inputs, ``G`` and ``Ainv`` (``w, u, h, v_new`` are recomputed).
+only the inputs, ``G`` and ``Ainv`` (``w, u, h, v_new`` are recomputed; ``Ainv`` is saved, not recomputed).
+The kkt and solve_tril steps run as one fused kernel by default (``FUSED_KKT_SOLVE``).
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -14,11 +16,25 @@ import torch
 from ... import backends
 from ... import triton_utils as tu
 from ..norm.l2norm import rstd as _l2_rstd
-from . import bwd_dhu, bwd_dqkwg, bwd_dv, cumsum, fwd_h, fwd_o, kkt, solve_tril, wy_fast
+from . import bwd_dhu, bwd_dqkwg, bwd_dv, cumsum, fwd_h, fwd_o, kkt, kkt_solve, solve_tril, wy_fast
 from .common import device_tables, zero_tail_rows
 
 OP = "chunk_gated_delta_rule"
 L2_EPS = 1e-6  # SPEC 1.10.10: the in-kernel qk l2norm's eps
+#: How the forward forms ``Ainv``. True (default): one fused launch, ``kkt_solve.forward`` (A formed in
+#: registers, never written to global memory). False: the two stage launches ``kkt.forward`` (fp32 A to
+#: global memory) then ``solve_tril.forward``. Same numerics contract; the switch keeps both paths testable
+#: and timeable: set the attribute, or ``MINDSPEED_OPS_GDN_FUSED_KKT_SOLVE=0`` in the environment (read at
+#: import).
+FUSED_KKT_SOLVE = os.environ.get("MINDSPEED_OPS_GDN_FUSED_KKT_SOLVE", "1").strip() != "0"
+
+
+def _ainv(k, G, beta, HV: int, cu_host, cu, BT: int, idx, rk):
+    """``Ainv = solve_tril(chunk_scaled_dot_kkt(k, G, beta))`` in k's dtype, by ``FUSED_KKT_SOLVE``'s path."""
+    if FUSED_KKT_SOLVE:
+        return kkt_solve.forward(k, G, beta, HV, cu_host, cu, BT, k.dtype, idx, rk=rk)
+    A = kkt.forward(k, G, None, beta, HV, cu_host, cu, BT, torch.float32, idx, rk=rk)
+    return solve_tril.forward(A, cu_host, cu, k.dtype, idx)
 
 
 def _l2norm(x: torch.Tensor):
@@ -42,8 +58,7 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
         rq, rk = _l2_rstd(q, L2_EPS), _l2_rstd(k, L2_EPS)
     G = None if g is None else cumsum.forward(g, BT, False, None, cu_host, cu, torch.float32, idx)
     HV = v.shape[2]
-    A = kkt.forward(k, G, None, beta, HV, cu_host, cu, BT, torch.float32, idx, rk=rk)
-    Ainv = solve_tril.forward(A, cu_host, cu, k.dtype, idx)
+    Ainv = _ainv(k, G, beta, HV, cu_host, cu, BT, idx, rk)
     w, u = wy_fast.forward(k, v, beta, Ainv, G, None, cu_host, cu, idx, rk=rk)
     h, v_new, final = fwd_h.forward(k, w, u, G, None, initial_state, output_final_state, BT, True, cu_host, rk=rk)
     o = fwd_o.forward(q, k, v_new, h, G, scale, cu_host, cu, BT, idx, rq=rq, rk=rk)

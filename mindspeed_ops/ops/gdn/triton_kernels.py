@@ -93,19 +93,27 @@ def _load_block16(a_base, start, eos, di, dj, s_at, s_ac):
 
 
 @triton.jit
-def _inv_diag16_all(a_base, start, eos, NB: tl.constexpr, s_at, s_ac):
-    """``[NB, 16, 16]``: ``(I + A_dd)^{-1}`` of the chunk's ``NB`` diagonal 16x16 blocks, by forward
-    substitution in fp32 (elementwise IEEE arithmetic): ``X_i = e_i − Σ_{j<i} A_ij X_j``. All blocks
-    advance together, so the dependent chain is 15 steps, not 15·NB, and each block's strictly-lower
-    part is loaded once. H200, [1, 8192, 32, 64], one warp (benchmarks/tune_solve_tril.py): 87 us; one
-    global row load per step and block took 320 us (40% of GDN's forward), blocks one after the other
-    in registers 130 us."""
+def _load_diag16_all(a_base, start, eos, NB: tl.constexpr, s_at, s_ac):
+    """``[NB, 16, 16]``: the strictly-lower parts of the chunk's ``NB`` diagonal 16x16 blocks of A in
+    fp32 (rows past the sequence end, the diagonal and above read 0)."""
     b = tl.arange(0, NB)[:, None, None]
     r = tl.arange(0, 16)[None, :, None]
     c = tl.arange(0, 16)[None, None, :]
     rows = start + b * 16 + r
-    A = tl.load(a_base + rows * s_at + (b * 16 + c) * s_ac, mask=(rows < eos) & (c < r),
-                other=0.0).to(tl.float32)
+    return tl.load(a_base + rows * s_at + (b * 16 + c) * s_ac, mask=(rows < eos) & (c < r),
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _inv_diag16_all(A, NB: tl.constexpr):
+    """``[NB, 16, 16]``: ``(I + A_dd)^{-1}`` of ``NB`` diagonal 16x16 blocks ``A`` (fp32, strictly lower:
+    zeros on and above the diagonal), by forward substitution in fp32 (elementwise IEEE arithmetic):
+    ``X_i = e_i − Σ_{j<i} A_ij X_j``. All blocks advance together, so the dependent chain is 15 steps,
+    not 15·NB. H200, [1, 8192, 32, 64], one warp (benchmarks/tune_solve_tril.py): 87 us; one global row
+    load per step and block took 320 us (40% of GDN's forward), blocks one after the other in registers
+    130 us."""
+    r = tl.arange(0, 16)[None, :, None]
+    c = tl.arange(0, 16)[None, None, :]
     X = tl.where(r == c, 1.0, tl.zeros([NB, 16, 16], dtype=tl.float32))
     e = tl.arange(0, 16)[None, :]
     for i in range(1, 16):
@@ -113,6 +121,13 @@ def _inv_diag16_all(a_base, start, eos, NB: tl.constexpr, s_at, s_ac):
         new = (e == i).to(tl.float32) - tl.sum(a[:, :, None] * X, 1)
         X = tl.where(r == i, new[:, None, :], X)
     return X
+
+
+@triton.jit
+def _place16(X, d, NB: tl.constexpr):
+    """A ``[16, 16]`` tile as block ``d`` of an otherwise zero ``[NB, 16, 16]`` stack (inverse of ``_pick16``)."""
+    b = tl.arange(0, NB)[:, None, None]
+    return tl.where(b == d, X[None, :, :], 0.0)
 
 
 @triton.jit
@@ -137,28 +152,19 @@ def _mm(a, b):
 
 
 @triton.jit
-def solve_tril_kernel(a_ptr, o_ptr, cu_ptr, idx_ptr, T, BHV, HV,
-                      s_ab, s_at, s_ah, s_ac, s_ob, s_ot, s_oh, s_oc,
-                      BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """``(I + A_c)^{-1}`` of one chunk and value head: 16x16 diagonal blocks by forward substitution,
-    merged by block forward substitution ``X_ij = −X_ii Σ_{j≤m<i} A_im X_mj`` with IEEE fp32 dots.
-    Writes every row of the chunk inside the sequence (all BT columns: zeros above the diagonal)."""
-    pid = tl.program_id(0).to(tl.int64)
-    i_c = pid // BHV
-    i_bh = pid % BHV
-    i_b = i_bh // HV
-    i_h = i_bh % HV
-    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
-    a_base = a_ptr + i_b * s_ab + i_h * s_ah
-    o_base = o_ptr + i_b * s_ob + i_h * s_oh
+def _merge_store16(o_base, start, eos, Xd, A21, A31, A32, A41, A42, A43, s_ot, s_oc, BT: tl.constexpr):
+    """Finish ``(I + A_c)^{-1}`` of one chunk from its inverted diagonal blocks ``Xd`` (``[BT // 16, 16, 16]``)
+    and strictly-lower off-diagonal 16x16 blocks of A (``Aij``, block row i, block column j, 1-based; only
+    those inside ``BT`` are read): block forward substitution ``X_ij = −X_ii Σ_{j≤m<i} A_im X_mj`` with
+    IEEE fp32 dots, then every row of the chunk inside the sequence is written (all ``BT`` columns: zeros
+    above the diagonal). Shared by ``solve_tril_kernel`` (A from memory) and the fused
+    ``kkt_solve_fwd_kernel`` (A formed in registers)."""
     zero = tl.zeros([16, 16], dtype=tl.float32)
-    Xd = _inv_diag16_all(a_base, start, eos, BT // 16, s_at, s_ac)
     X11 = _pick16(Xd, 0, BT // 16)
     if BT == 16:
         _store_block16(o_base, start, eos, 0, 0, X11, s_ot, s_oc)
     elif BT == 32:
         X22 = _pick16(Xd, 1, BT // 16)
-        A21 = _load_block16(a_base, start, eos, 1, 0, s_at, s_ac)
         X21 = -_mm(X22, _mm(A21, X11))
         _store_block16(o_base, start, eos, 0, 0, X11, s_ot, s_oc)
         _store_block16(o_base, start, eos, 0, 1, zero, s_ot, s_oc)
@@ -168,12 +174,6 @@ def solve_tril_kernel(a_ptr, o_ptr, cu_ptr, idx_ptr, T, BHV, HV,
         X22 = _pick16(Xd, 1, BT // 16)
         X33 = _pick16(Xd, 2, BT // 16)
         X44 = _pick16(Xd, 3, BT // 16)
-        A21 = _load_block16(a_base, start, eos, 1, 0, s_at, s_ac)
-        A31 = _load_block16(a_base, start, eos, 2, 0, s_at, s_ac)
-        A32 = _load_block16(a_base, start, eos, 2, 1, s_at, s_ac)
-        A41 = _load_block16(a_base, start, eos, 3, 0, s_at, s_ac)
-        A42 = _load_block16(a_base, start, eos, 3, 1, s_at, s_ac)
-        A43 = _load_block16(a_base, start, eos, 3, 2, s_at, s_ac)
         X21 = -_mm(X22, _mm(A21, X11))
         X32 = -_mm(X33, _mm(A32, X22))
         X43 = -_mm(X44, _mm(A43, X33))
@@ -196,3 +196,32 @@ def solve_tril_kernel(a_ptr, o_ptr, cu_ptr, idx_ptr, T, BHV, HV,
         _store_block16(o_base, start, eos, 3, 1, X42, s_ot, s_oc)
         _store_block16(o_base, start, eos, 3, 2, X43, s_ot, s_oc)
         _store_block16(o_base, start, eos, 3, 3, X44, s_ot, s_oc)
+
+
+@triton.jit
+def solve_tril_kernel(a_ptr, o_ptr, cu_ptr, idx_ptr, T, BHV, HV,
+                      s_ab, s_at, s_ah, s_ac, s_ob, s_ot, s_oh, s_oc,
+                      BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """``(I + A_c)^{-1}`` of one chunk and value head: 16x16 diagonal blocks by forward substitution,
+    merged by block forward substitution with IEEE fp32 dots (``_merge_store16``). Writes every row of
+    the chunk inside the sequence (all BT columns: zeros above the diagonal)."""
+    pid = tl.program_id(0).to(tl.int64)
+    i_c = pid // BHV
+    i_bh = pid % BHV
+    i_b = i_bh // HV
+    i_h = i_bh % HV
+    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    a_base = a_ptr + i_b * s_ab + i_h * s_ah
+    o_base = o_ptr + i_b * s_ob + i_h * s_oh
+    Xd = _inv_diag16_all(_load_diag16_all(a_base, start, eos, BT // 16, s_at, s_ac), BT // 16)
+    z = tl.zeros([16, 16], dtype=tl.float32)  # blocks outside BT: never read
+    A21, A31, A32, A41, A42, A43 = z, z, z, z, z, z
+    if BT >= 32:
+        A21 = _load_block16(a_base, start, eos, 1, 0, s_at, s_ac)
+    if BT == 64:
+        A31 = _load_block16(a_base, start, eos, 2, 0, s_at, s_ac)
+        A32 = _load_block16(a_base, start, eos, 2, 1, s_at, s_ac)
+        A41 = _load_block16(a_base, start, eos, 3, 0, s_at, s_ac)
+        A42 = _load_block16(a_base, start, eos, 3, 1, s_at, s_ac)
+        A43 = _load_block16(a_base, start, eos, 3, 2, s_at, s_ac)
+    _merge_store16(o_base, start, eos, Xd, A21, A31, A32, A41, A42, A43, s_ot, s_oc, BT)

@@ -20,7 +20,7 @@ out-of-range loads never meet in-range values and strong decay never overflows.
 import triton
 import triton.language as tl
 
-from .triton_kernels import _chunk_bounds, _row_factor
+from .triton_kernels import _chunk_bounds, _inv_diag16_all, _merge_store16, _place16, _row_factor
 
 
 @triton.jit
@@ -42,6 +42,40 @@ def _program(BHV, HV, GRP):
 # ------------------------------------------------------------------------------------------------
 # chunk_scaled_dot_kkt_fwd (SPEC 1.10.2)
 # ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _kkt_rows(g_base, b_base, r_base, rows, valid, s_gt, s_bt, s_rt,
+              HAS_G: tl.constexpr, HAS_BETA: tl.constexpr, HAS_RK: tl.constexpr):
+    """Per-row fp32 factors of ``A`` for the tokens ``rows`` (0 where not ``valid``): the gate ``G``, ``β``
+    and the l2norm ``rstd`` of k (zeros for the ones not given; ``_kkt_gate`` then skips them)."""
+    b_g = tl.zeros(rows.shape, dtype=tl.float32)
+    b_beta = b_g
+    b_r = b_g
+    if HAS_G:
+        b_g = tl.load(g_base + rows * s_gt, mask=valid, other=0.0).to(tl.float32)
+    if HAS_BETA:
+        b_beta = tl.load(b_base + rows * s_bt, mask=valid, other=0.0).to(tl.float32)
+    if HAS_RK:
+        b_r = _row_factor(r_base, rows, valid, s_rt)
+    return b_g, b_beta, b_r
+
+
+@triton.jit
+def _kkt_gate(acc, g_i, g_j, beta_i, r_i, r_j, lower,
+              HAS_G: tl.constexpr, HAS_BETA: tl.constexpr, HAS_RK: tl.constexpr):
+    """``A = β_i (k_i·k_j) e^{G_i − G_j} r_i r_j`` on ``lower`` (strictly lower, valid rows and columns),
+    exact 0 elsewhere, from the fp32 products ``acc = k_i·k_j`` and row (``_i``, ``[n, 1]``) / column
+    (``_j``, ``[1, n]``) factors. The gate difference is masked before the ``exp`` (SPEC 1.10). The one
+    formula of the scalar-gate ``A``: ``kkt_fwd_kernel`` applies it to the whole chunk, the fused
+    ``kkt_solve_fwd_kernel`` to each 16x16 block (same operations, same order)."""
+    if HAS_G:
+        acc = acc * tl.exp(tl.where(lower, g_i - g_j, 0.0))
+    if HAS_BETA:
+        acc = acc * beta_i
+    if HAS_RK:
+        acc = acc * (r_i * r_j)
+    return tl.where(lower, acc, 0.0)
+
 
 @triton.jit
 def kkt_fwd_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, cu_ptr, idx_ptr, rk_ptr, T, BHV, HV, GRP,
@@ -66,16 +100,11 @@ def kkt_fwd_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, cu_ptr, idx_ptr, rk_ptr, T, BH
                        other=0.0)
         acc += _dot(b_k, b_kt, k_ptr.dtype.element_ty)
     lower = (o[:, None] > o[None, :]) & valid[:, None] & valid[None, :]
-    if HAS_G:
-        b_g = tl.load(g_ptr + i_b * s_gb + rows * s_gt + i_h * s_gh, mask=valid, other=0.0).to(tl.float32)
-        acc = acc * tl.exp(tl.where(lower, b_g[:, None] - b_g[None, :], 0.0))
-    if HAS_BETA:
-        b_beta = tl.load(beta_ptr + i_b * s_bb + rows * s_bt + i_h * s_bh, mask=valid, other=0.0).to(tl.float32)
-        acc = acc * b_beta[:, None]
-    if HAS_RK:
-        b_r = _row_factor(rk_ptr + i_b * s_rb + i_hk * s_rh, rows, valid, s_rt)
-        acc = acc * (b_r[:, None] * b_r[None, :])
-    acc = tl.where(lower, acc, 0.0)
+    b_g, b_beta, b_r = _kkt_rows(g_ptr + i_b * s_gb + i_h * s_gh, beta_ptr + i_b * s_bb + i_h * s_bh,
+                                 rk_ptr + i_b * s_rb + i_hk * s_rh, rows, valid, s_gt, s_bt, s_rt,
+                                 HAS_G, HAS_BETA, HAS_RK)
+    acc = _kkt_gate(acc, b_g[:, None], b_g[None, :], b_beta[:, None], b_r[:, None], b_r[None, :], lower,
+                    HAS_G, HAS_BETA, HAS_RK)
     tl.store(a_ptr + i_b * s_ab + i_h * s_ah + rows[:, None] * s_at + o[None, :] * s_ac,
              acc.to(a_ptr.dtype.element_ty), mask=valid[:, None])
 
@@ -137,6 +166,118 @@ def kkt_gk_fwd_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, cu_ptr, idx_ptr, rk_ptr, T,
             acc = acc * (_row_factor(r_base, ri, vi, s_rt)[:, None] * _row_factor(r_base, cols, col_ok, s_rt)[None, :])
         acc = tl.where(vi[:, None] & col_ok[None, :] & (o[None, :] < bi * 16 + o16[:, None]), acc, 0.0)
         tl.store(a_base + ri[:, None] * s_at + o[None, :] * s_ac, acc.to(a_ptr.dtype.element_ty), mask=vi[:, None])
+
+
+# ------------------------------------------------------------------------------------------------
+# fused chunk_scaled_dot_kkt_fwd + solve_tril of the GDN forward (scalar gate): A never leaves registers
+# ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _k_rows16(k_base, start, eos, di, d, dm, s_kt, s_kd):
+    """``[16, BK]`` key tile of the chunk's 16-row block ``di`` (rows past the sequence end read 0)."""
+    rows = start + di * 16 + tl.arange(0, 16)
+    return tl.load(k_base + rows[:, None] * s_kt + d[None, :] * s_kd, mask=(rows < eos)[:, None] & dm[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _k_cols16(k_base, start, eos, dj, d, dm, s_kt, s_kd):
+    """``[BK, 16]``: the key tile of block ``dj`` loaded transposed (no ``tl.trans``, see the module doc)."""
+    cols = start + dj * 16 + tl.arange(0, 16)
+    return tl.load(k_base + cols[None, :] * s_kt + d[:, None] * s_kd, mask=dm[:, None] & (cols < eos)[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _rows16(g_base, b_base, r_base, start, eos, di, s_gt, s_bt, s_rt,
+            HAS_G: tl.constexpr, HAS_BETA: tl.constexpr, HAS_RK: tl.constexpr):
+    """``(G, β, rstd, valid)`` of the 16 tokens of block ``di`` (``_kkt_rows``)."""
+    rows = start + di * 16 + tl.arange(0, 16)
+    valid = rows < eos
+    b_g, b_beta, b_r = _kkt_rows(g_base, b_base, r_base, rows, valid, s_gt, s_bt, s_rt, HAS_G, HAS_BETA, HAS_RK)
+    return b_g, b_beta, b_r, valid
+
+
+@triton.jit
+def _gated16(acc, g_i, beta_i, r_i, v_i, g_j, r_j, v_j, DIAG: tl.constexpr,
+             HAS_G: tl.constexpr, HAS_BETA: tl.constexpr, HAS_RK: tl.constexpr):
+    """16x16 block of ``A`` from its products ``acc`` and the factors of its block row (``_i``) and block
+    column (``_j``): ``_kkt_gate`` with the strictly-lower mask on a diagonal block (``DIAG``), all valid
+    entries of a block below the diagonal."""
+    lower = v_i[:, None] & v_j[None, :]
+    if DIAG:
+        o = tl.arange(0, 16)
+        lower = lower & (o[:, None] > o[None, :])
+    return _kkt_gate(acc, g_i[:, None], g_j[None, :], beta_i[:, None], r_i[:, None], r_j[None, :], lower,
+                     HAS_G, HAS_BETA, HAS_RK)
+
+
+@triton.jit
+def kkt_solve_fwd_kernel(k_ptr, g_ptr, beta_ptr, o_ptr, cu_ptr, idx_ptr, rk_ptr, T, BHV, HV, GRP,
+                         s_kb, s_kt, s_kh, s_kd, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh, s_ob, s_ot, s_oh, s_oc,
+                         s_rb, s_rt, s_rh,
+                         K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, HAS_G: tl.constexpr,
+                         HAS_BETA: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_RK: tl.constexpr):
+    """``Ainv = (I + A_c)^{-1}`` of one chunk and value head straight from k, G, β (and k's l2norm rstd):
+    ``chunk_scaled_dot_kkt_fwd`` followed by ``solve_tril`` without ``A`` in global memory.
+
+    The ``BT // 16`` diagonal and the lower off-diagonal 16x16 blocks of ``k kᵀ`` accumulate in registers
+    (``tl.dot`` per block over the ``BK``-wide key tiles, as ``kkt_fwd_kernel`` forms them: operands in
+    k's dtype, fp32 accumulation, IEEE for fp32 keys); each block is gated by ``_kkt_gate`` (the formula of
+    ``kkt_fwd_kernel``, exps of masked differences); the diagonal blocks are inverted together by
+    ``_inv_diag16_all`` and merged by ``_merge_store16`` (both shared with ``solve_tril_kernel``)."""
+    i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
+    start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
+    k_base = k_ptr + i_b * s_kb + i_hk * s_kh
+    DT = k_ptr.dtype.element_ty
+    z = tl.zeros([16, 16], dtype=tl.float32)
+    # pIJ = k_i·k_j of block row I, block column J (0-based); only the blocks inside BT are formed
+    p00, p10, p11, p20, p21, p22, p30, p31, p32, p33 = z, z, z, z, z, z, z, z, z, z
+    for i_k in range((K + BK - 1) // BK):
+        d = i_k * BK + tl.arange(0, BK)
+        dm = d < K
+        c0 = _k_cols16(k_base, start, eos, 0, d, dm, s_kt, s_kd)
+        p00 += _dot(_k_rows16(k_base, start, eos, 0, d, dm, s_kt, s_kd), c0, DT)
+        if BT >= 32:
+            c1 = _k_cols16(k_base, start, eos, 1, d, dm, s_kt, s_kd)
+            r1 = _k_rows16(k_base, start, eos, 1, d, dm, s_kt, s_kd)
+            p10 += _dot(r1, c0, DT)
+            p11 += _dot(r1, c1, DT)
+        if BT == 64:
+            c2 = _k_cols16(k_base, start, eos, 2, d, dm, s_kt, s_kd)
+            r2 = _k_rows16(k_base, start, eos, 2, d, dm, s_kt, s_kd)
+            p20 += _dot(r2, c0, DT)
+            p21 += _dot(r2, c1, DT)
+            p22 += _dot(r2, c2, DT)
+            c3 = _k_cols16(k_base, start, eos, 3, d, dm, s_kt, s_kd)
+            r3 = _k_rows16(k_base, start, eos, 3, d, dm, s_kt, s_kd)
+            p30 += _dot(r3, c0, DT)
+            p31 += _dot(r3, c1, DT)
+            p32 += _dot(r3, c2, DT)
+            p33 += _dot(r3, c3, DT)
+    g_base = g_ptr + i_b * s_gb + i_h * s_gh
+    b_base = beta_ptr + i_b * s_bb + i_h * s_bh
+    r_base = rk_ptr + i_b * s_rb + i_hk * s_rh
+    g0, b0, f0, v0 = _rows16(g_base, b_base, r_base, start, eos, 0, s_gt, s_bt, s_rt, HAS_G, HAS_BETA, HAS_RK)
+    # Ad: the diagonal blocks' strictly-lower A as one [BT // 16, 16, 16] stack; AIJ: block (I, J), 1-based
+    Ad = _place16(_gated16(p00, g0, b0, f0, v0, g0, f0, v0, True, HAS_G, HAS_BETA, HAS_RK), 0, BT // 16)
+    A21, A31, A32, A41, A42, A43 = z, z, z, z, z, z
+    if BT >= 32:
+        g1, b1, f1, v1 = _rows16(g_base, b_base, r_base, start, eos, 1, s_gt, s_bt, s_rt, HAS_G, HAS_BETA, HAS_RK)
+        Ad += _place16(_gated16(p11, g1, b1, f1, v1, g1, f1, v1, True, HAS_G, HAS_BETA, HAS_RK), 1, BT // 16)
+        A21 = _gated16(p10, g1, b1, f1, v1, g0, f0, v0, False, HAS_G, HAS_BETA, HAS_RK)
+    if BT == 64:
+        g2, b2, f2, v2 = _rows16(g_base, b_base, r_base, start, eos, 2, s_gt, s_bt, s_rt, HAS_G, HAS_BETA, HAS_RK)
+        g3, b3, f3, v3 = _rows16(g_base, b_base, r_base, start, eos, 3, s_gt, s_bt, s_rt, HAS_G, HAS_BETA, HAS_RK)
+        Ad += _place16(_gated16(p22, g2, b2, f2, v2, g2, f2, v2, True, HAS_G, HAS_BETA, HAS_RK), 2, BT // 16)
+        Ad += _place16(_gated16(p33, g3, b3, f3, v3, g3, f3, v3, True, HAS_G, HAS_BETA, HAS_RK), 3, BT // 16)
+        A31 = _gated16(p20, g2, b2, f2, v2, g0, f0, v0, False, HAS_G, HAS_BETA, HAS_RK)
+        A32 = _gated16(p21, g2, b2, f2, v2, g1, f1, v1, False, HAS_G, HAS_BETA, HAS_RK)
+        A41 = _gated16(p30, g3, b3, f3, v3, g0, f0, v0, False, HAS_G, HAS_BETA, HAS_RK)
+        A42 = _gated16(p31, g3, b3, f3, v3, g1, f1, v1, False, HAS_G, HAS_BETA, HAS_RK)
+        A43 = _gated16(p32, g3, b3, f3, v3, g2, f2, v2, False, HAS_G, HAS_BETA, HAS_RK)
+    Xd = _inv_diag16_all(Ad, BT // 16)
+    _merge_store16(o_ptr + i_b * s_ob + i_h * s_oh, start, eos, Xd, A21, A31, A32, A41, A42, A43, s_ot, s_oc, BT)
 
 
 # ------------------------------------------------------------------------------------------------
