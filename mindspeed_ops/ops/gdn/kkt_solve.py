@@ -23,8 +23,10 @@ OP = "chunk_gated_delta_rule"
 #: per chunk size: ``(largest key tile BK, num_warps, num_stages)``. Module-level so
 #: benchmarks/tune_kkt_solve.py can sweep it on a GPU. BK defaults to kkt's key tile (``key_tile(K)``, at
 #: most 64), so A's products are summed over the same tiles as the unfused kkt kernel sums them. One warp
-#: as solve_tril (its substitution's reductions stay inside the warp); not yet timed on a GPU.
-CONFIG = {16: (64, 1, 1), 32: (64, 1, 1), 64: (64, 1, 1)}
+#: as solve_tril (its substitution's reductions stay inside the warp). H200, B1 T8192 H16 HV32 K128 bf16
+#: (tune_kkt_solve.py, fourteenth session): 1 warp 2 stages is best at every BT (BT 64: 103 us vs 146 us
+#: for kkt + solve_tril; 2 warps 151, 4 warps 335).
+CONFIG = {16: (64, 1, 2), 32: (64, 1, 2), 64: (64, 1, 2)}
 
 
 def forward(k: torch.Tensor, g: Optional[torch.Tensor], beta: Optional[torch.Tensor], HV: int,
