@@ -1,13 +1,15 @@
 """Triton kernels of GDN stages 1.10.2 (``chunk_scaled_dot_kkt_fwd``) and 1.10.4
-(``recompute_w_u_fwd``, ``prepare_wy_repr_bwd``). Kernels only: launchers live in ``kkt.py`` and
-``wy_fast.py``.
+(``recompute_w_u_fwd``, ``prepare_wy_repr_bwd``), and the forward's fused 1.10.2 + 1.10.3
+(``kkt_solve_fwd_kernel``: A formed in registers, then inverted as ``solve_tril_kernel`` does). Kernels
+only: launchers live in ``kkt.py``, ``wy_fast.py`` and ``kkt_solve.py``.
 
 One program per (chunk, batch row, value head), flattened onto grid axis 0 as
 ``pid = chunk · (B·HV) + b · HV + head``; the chunk's first token and its sequence end come from
 ``_chunk_bounds`` (varlen through ``chunk_indices``). Tensors are addressed through their strides
 with int64 offsets; rows past the sequence end are neither read (masked loads) nor written.
 
-Products: ``tl.dot`` on ``[BT, BK] x [BK, BT]``-type tiles with fp32 accumulation. The operands are
+Products: ``tl.dot`` on ``[BT, BK] x [BK, BT]``-type tiles (the fused kernel: ``[16, BK] x [BK, 16]``
+blocks of A) with fp32 accumulation. The operands are
 cast to the dtype of the key (value) input: fp32 inputs give IEEE fp32 products (no TF32, SPEC 0.5),
 fp16/bf16 inputs use the tensor cores. No ``tl.trans`` anywhere: a transposed operand is loaded
 transposed from memory, and where a transposed *computed* matrix is needed (``dMᵀ`` in the

@@ -76,6 +76,8 @@ def _check(fused, unfused, oracle, dtype):
     """fp32: fused == unfused to rel-RMS 1e-6 with no absolute floor; 16-bit: TRIL (both rounded once from
     fp32 values that agree to fp32 rounding). Both against the float64 oracle: TRIL."""
     assert fused.dtype == unfused.dtype == dtype and fused.shape == unfused.shape
+    if DEVICE == "cpu":  # the interpreter sums A's products over the same key tiles in the same order
+        assert torch.equal(fused, unfused), "fused and unfused Ainv differ under the interpreter"
     if dtype == torch.float32:
         assert_close("Ainv fused vs unfused", unfused.double(), fused, 1e-6, err_atol=0.0)
     else:
@@ -162,41 +164,57 @@ def test_deterministic():
 # the switch in chunk.py, through the full operator
 # ------------------------------------------------------------------------------------------------
 
-def test_switch_default_fused_and_same_result(monkeypatch):
-    """Default: the forward runs the fused kernel (one launch instead of kkt + solve_tril); both settings of
-    ``chunk.FUSED_KKT_SOLVE`` give the same ``o``, final state and gradients (fp32, GVA, varlen, l2norm
-    folded in)."""
-    assert chunk_mod.FUSED_KKT_SOLVE is True
+def switch_both_ways(monkeypatch, attr: str, counted: dict, expect: dict) -> None:
+    """The full operator (fp32, GVA, varlen, l2norm folded in, an initial state, chunk 16) with
+    ``chunk.<attr>`` set True, then False: the launchers in ``counted`` (``{key: (module, name)}``) are
+    called as ``expect[setting]`` says (cumulative counts), and both settings give the same ``o``, final
+    state and gradients. Shared by the tests of the forward's fusion switches."""
+    calls = dict.fromkeys(counted, 0)
+    for key, (mod, name) in counted.items():
+        def f(*a, _real=getattr(mod, name), _key=key, **kw):
+            calls[_key] += 1
+            return _real(*a, **kw)
+        monkeypatch.setattr(mod, name, f)
     gen = torch.Generator().manual_seed(0)
     cu = torch.tensor([0, 1, 30, 75], device=DEVICE)
     q, k = torch.randn(1, 80, 1, 60, generator=gen), torch.randn(1, 80, 1, 60, generator=gen)
     v = torch.randn(1, 80, 2, 20, generator=gen)
     g = F.logsigmoid(torch.randn(1, 80, 2, generator=gen))
     beta = torch.sigmoid(torch.randn(1, 80, 2, generator=gen))
-    ins = [t.to(DEVICE) for t in (q, k, v, g, beta)]
-    calls = {"fused": 0, "kkt": 0}
-
-    def counting(mod, name, key):
-        real = getattr(mod, name)
-
-        def f(*a, **kw):
-            calls[key] += 1
-            return real(*a, **kw)
-        monkeypatch.setattr(mod, name, f)
-
-    counting(kkt_solve, "forward", "fused")
-    counting(kkt, "forward", "kkt")
+    h0 = torch.randn(3, 2, 60, 20, generator=gen)
+    ins = [t.to(DEVICE) for t in (q, k, v, g, beta, h0)]
     res = {}
     for fused in (True, False):
-        monkeypatch.setattr(chunk_mod, "FUSED_KKT_SOLVE", fused)
+        monkeypatch.setattr(chunk_mod, attr, fused)
         leaves = [t.clone().requires_grad_(True) for t in ins]
-        o, fs = api.chunk_gated_delta_rule(*leaves, output_final_state=True, use_qk_l2norm_in_kernel=True,
-                                           cu_seqlens=cu, chunk_size=16)
+        o, fs = api.chunk_gated_delta_rule(*leaves[:5], initial_state=leaves[5], output_final_state=True,
+                                           use_qk_l2norm_in_kernel=True, cu_seqlens=cu, chunk_size=16)
         (o * torch.cos(o)).sum().add(fs.sum()).backward()
         res[fused] = [o, fs] + [t.grad for t in leaves]
-        assert calls == ({"fused": 1, "kkt": 0} if fused else {"fused": 1, "kkt": 1}), calls
-    for name, a, b in zip(("o", "final", "dq", "dk", "dv", "dg", "dbeta"), res[False], res[True]):
+        assert calls == expect[fused], calls
+    for name, a, b in zip(("o", "final", "dq", "dk", "dv", "dg", "dbeta", "dh0"), res[False], res[True]):
         assert_close(name, a.double(), b, 1e-6, err_atol=0.0)
+
+
+def test_switch_default_fused_and_same_result(monkeypatch):
+    """Default: the forward runs the fused kernel (one launch instead of kkt + solve_tril); both settings of
+    ``chunk.FUSED_KKT_SOLVE`` give the same ``o``, final state and gradients."""
+    assert chunk_mod.FUSED_KKT_SOLVE is chunk_mod._env_switch("MINDSPEED_OPS_GDN_FUSED_KKT_SOLVE")
+    switch_both_ways(monkeypatch, "FUSED_KKT_SOLVE", {"fused": (kkt_solve, "forward"), "kkt": (kkt, "forward")},
+                     {True: {"fused": 1, "kkt": 0}, False: {"fused": 1, "kkt": 1}})
+
+
+@pytest.mark.parametrize("value,on", [("0", False), ("off", False), ("False", False), ("no", False), ("1", True),
+                                      ("", True), ("yes", True)])
+def test_env_switch_values(monkeypatch, value, on):
+    monkeypatch.setenv("MINDSPEED_OPS_GDN_FUSED_KKT_SOLVE", value)
+    assert chunk_mod._env_switch("MINDSPEED_OPS_GDN_FUSED_KKT_SOLVE") is on
+
+
+def test_env_switch_unknown_value_warns(monkeypatch):
+    monkeypatch.setenv("MINDSPEED_OPS_GDN_FUSED_KKT_SOLVE", "maybe")
+    with pytest.warns(UserWarning, match="MINDSPEED_OPS_GDN_FUSED_KKT_SOLVE='maybe'"):
+        assert chunk_mod._env_switch("MINDSPEED_OPS_GDN_FUSED_KKT_SOLVE") is True
 
 
 # ------------------------------------------------------------------------------------------------
