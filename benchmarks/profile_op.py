@@ -77,6 +77,32 @@ def profile(fn, device: str, rows: int, reps: int = 5) -> str:
     return f"host time per call (no sync): {host_ms:.3f} ms; {reps} calls profiled\n{table}"
 
 
+def host_profile(fn, device: str, rows: int, reps: int = 20) -> str:
+    """Where the host time of ``fn`` goes: Python's cProfile over ``reps`` warmed calls (own time and
+    cumulative time per function), so launch-bound steps show which wrappers cost what."""
+    import cProfile
+    import io
+    import pstats
+
+    for _ in range(3):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(reps):
+        fn()
+    prof.disable()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    out.write(f"cProfile of {reps} calls (times are totals over the calls; cProfile adds its own overhead)\n")
+    stats.sort_stats("tottime").print_stats(rows)
+    stats.sort_stats("cumulative").print_stats(rows)
+    return out.getvalue()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--op", required=True, help="operator = tests/atk_tests/<op>.yaml")
@@ -85,6 +111,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="the quick point even on CPU")
     p.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
     p.add_argument("--rows", type=int, default=20, help="rows of each kernel table")
+    p.add_argument("--host-profile", action="store_true",
+                   help="also a cProfile of the host side of each step (which Python functions cost what)")
     p.add_argument("--atk-dir", default=None, help="case-file directory (default: tests/atk_tests)")
     args = p.parse_args(argv)
 
@@ -108,6 +136,8 @@ def main(argv=None) -> int:
         if fn is not None:
             print(f"\n== {name}")
             print(profile(fn, device, args.rows))
+            if args.host_profile:
+                print(host_profile(fn, device, args.rows))
     return 0
 
 

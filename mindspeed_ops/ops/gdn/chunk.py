@@ -8,8 +8,6 @@ The kkt and solve_tril steps run as one fused kernel by default (``FUSED_KKT_SOL
 """
 from __future__ import annotations
 
-import os
-import warnings
 from typing import Optional
 
 import torch
@@ -24,16 +22,7 @@ OP = "chunk_gated_delta_rule"
 L2_EPS = 1e-6  # SPEC 1.10.10: the in-kernel qk l2norm's eps
 
 
-def _env_switch(name: str) -> bool:
-    """An on/off environment switch that defaults to on: 0/false/off/no (any case) turn it off, 1/true/on/yes
-    or unset keep it on; another value warns and keeps it on."""
-    value = os.environ.get(name, "1").strip().lower()
-    if value in ("0", "false", "off", "no"):
-        return False
-    if value not in ("", "1", "true", "on", "yes"):
-        warnings.warn(f"{name}={os.environ[name]!r} is not one of 0/1/false/true/off/on/no/yes: kept on",
-                      stacklevel=2)
-    return True
+_env_switch = tu.env_switch
 
 
 #: How the forward forms ``Ainv``. True (default): one fused launch, ``kkt_solve.forward`` (A formed in

@@ -27,3 +27,9 @@ def test_bad_case_and_point():
         tool.main(["--op", "rms_norm", "--case", "nope"])
     with pytest.raises(SystemExit, match="no point"):
         tool.main(["--op", "causal_conv1d", "--shape", "B=3,T=5"])
+
+
+def test_host_profile(capsys):
+    assert _tool().main(["--op", "rms_norm", "--rows", "5", "--host-profile"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("cProfile of 20 calls") == 2 and "cumulative" in out and "tottime" in out

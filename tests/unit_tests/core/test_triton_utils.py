@@ -100,6 +100,32 @@ def test_autotune_keeps_its_choices_on_disk(monkeypatch):
     assert seen["cache_results"] is False
 
 
+def test_fast_tuner_reuses_tritons_key_and_choice(monkeypatch):
+    """Several configs: launches whose key was tuned skip Triton's generic key building (host time) but use
+    the very tuple Triton caches the choice under, so its disk cache and ``cache`` stay shared; a new key is
+    tuned by Triton's own path. Timing is faked (the interpreter cannot time): the 64-wide config wins."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # keep all configs (the launches still run interpreted on CPU)
+    tuner = tu.autotune(_CONFIGS, key=["n"], cache_results=False)(_double_tuned.fn)
+    assert type(tuner).__name__ == "_CachedKeyAutotuner" and len(tuner.configs) == 3
+    monkeypatch.setattr(tuner, "_bench", lambda *a, config, **k: [1.0 if config.kwargs["BLOCK"] == 64 else 2.0],
+                        raising=False)
+    seen = []
+    run = tuner.fn.run
+    monkeypatch.setattr(tuner.fn, "run", lambda *a, **k: (seen.append(k["BLOCK"]), run(*a, **k))[1])
+    for n in (300, 300, 100, 300):
+        x = torch.randn(n, device=DEVICE)
+        y = torch.full_like(x, float("nan"))
+        tuner.nargs = "untouched"  # Triton's run resets it, the fast path does not
+        tuner[_grid(n)](x, y, n)
+        assert torch.equal(y, x * 2)
+        key = (n, str(x.dtype), str(y.dtype))  # what Triton's own run keys the choice by
+        assert tu.tuning_key(tuner, (x, y, n), {"grid": None, "warmup": False}) == key
+        assert tuner.cache[key].kwargs == {"BLOCK": 64}
+        seen.append(tuner.nargs)
+    assert seen == [64, None, 64, "untouched", 64, None, 64, "untouched"], seen
+    assert len(tuner.cache) == 2
+
+
 @interpreter_only
 def test_stock_autotune_with_several_configs_fails_under_interpreter():
     """The trap the shim avoids: plain triton.autotune with >1 config cannot run interpreted."""
@@ -239,3 +265,12 @@ def test_host_to_device_cuda_values_after_queued_work():
     busy = busy @ busy  # queue work ahead of the copy
     d = tu.host_to_device(t, "cuda")
     assert d.device.type == "cuda" and torch.equal(d.cpu(), t)
+
+
+def test_interpreting_follows_the_environment(monkeypatch):
+    """``interpreting`` reads os.environ's byte store directly (host time): it must still see every change."""
+    for value, want in (("1", True), ("0", False), ("true", False), ("1", True)):
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+        assert tu.interpreting() is want
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert tu.interpreting() is False

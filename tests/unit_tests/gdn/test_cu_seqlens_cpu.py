@@ -184,14 +184,4 @@ def test_compile_with_hint(fam):
         assert_compiled_matches_eager(eager, compiled, [(_inputs(fam), cu, torch.tensor(CU))], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("fam", ["gdn", "kda"])
-def test_opcheck_with_hint(fam):
-    """``torch.library.opcheck`` of the forward op (autograd included) and the ``_bwd`` op with the hint."""
-    f, cs, _ = FAMILIES[fam]
-    q, k, v, g, beta, h0 = _inputs(fam)
-    fwd, bwd = getattr(ops, OPS[fam]), getattr(ops, OPS[fam] + "_bwd")
-    ls = [t.detach().clone().requires_grad_(True) for t in (q, k, v, g, beta, h0)]
-    torch.library.opcheck(fwd, (*ls[:5], 0.25, ls[5], True, True, _cu(), cs, torch.tensor(CU)))
-    o, fs, *aux = fwd(q, k, v, g, beta, 0.25, h0, True, True, _cu(), cs, torch.tensor(CU))
-    torch.library.opcheck(bwd, (torch.randn_like(o), torch.randn_like(fs), q, k, v, g, beta, *aux, h0, 0.25, True,
-                                _cu(), cs, torch.tensor(CU)))
+# opcheck of the forward and _bwd ops with the hint: test_registration_sweep.py (its ``*_hint`` cases)
