@@ -139,63 +139,60 @@ _FAST_TUNER: list = []
 
 def _fast_tuner_class():
     """A subclass of Triton's ``Autotuner`` whose launches with an already-tuned key skip its generic key
-    building (a dict of every argument, a ``hasattr`` per argument: ~30-80 µs of host time per launch on the
-    H200's host, most of a small kernel's launch). The key is the same tuple Triton builds, so its disk cache
-    and ``self.cache`` are shared; a key not yet tuned, a config with a pre-hook, or Triton's own patches of
-    ``Autotuner.run`` (compile_check's recorder) take Triton's path."""
+    building (a dict of every argument, a ``hasattr`` per argument: ~30 µs of host time per launch on the H200's
+    host, most of a small kernel's launch). The key is the same tuple Triton builds, so its disk cache and
+    ``self.cache`` are shared; a key not yet tuned, a single kept config, a config with a pre-hook, or a patched
+    ``Autotuner.run`` (compile_check's recorder) take Triton's own path."""
     if _FAST_TUNER:
         return _FAST_TUNER[0]
     from triton.runtime.autotuner import Autotuner
 
     class _CachedKeyAutotuner(Autotuner):
         def run(self, *args, **kwargs):
-            key = tuning_key(self, args, kwargs)
-            config = self.cache.get(key)
-            if config is None or config.pre_hook is not None or Autotuner.run is not _TRITON_RUN[0]:
+            config = self.cache.get(tuning_key(self, args, kwargs)) if len(self.configs) > 1 else None
+            if config is None or config.pre_hook is not None or not _is_tritons_run(Autotuner.run):
                 return Autotuner.run(self, *args, **kwargs)
             self.best_config = config
-            kw = _config_kwargs(config)
-            return self.fn.run(*args, **kwargs, **kw)
+            return self.fn.run(*args, **kwargs, **config.all_kwargs())
 
-    _TRITON_RUN.append(Autotuner.run)
     _FAST_TUNER.append(_CachedKeyAutotuner)
     return _CachedKeyAutotuner
 
 
-_TRITON_RUN: list = []
+def _is_tritons_run(fn) -> bool:
+    """``fn`` is Triton's own ``Autotuner.run`` (not a patch installed over it, whenever that happened)."""
+    return getattr(fn, "__qualname__", None) == "Autotuner.run" and \
+        getattr(fn, "__module__", None) == "triton.runtime.autotuner"
+
+
 _DTYPE_STR: dict = {}
-_CONFIG_KW: dict = {}
-
-
-def _config_kwargs(config) -> dict:
-    kw = _CONFIG_KW.get(id(config))
-    if kw is None or kw[0] is not config:
-        kw = _CONFIG_KW[id(config)] = (config, config.all_kwargs())
-    return kw[1]
 
 
 def tuning_key(tuner, args: tuple, kwargs: dict) -> tuple:
-    """The tuple Triton's ``Autotuner.run`` caches a choice under: the key arguments' values (positional or
-    keyword), then ``str(dtype)`` of every argument that has a dtype, in argument order."""
+    """The tuple Triton's ``Autotuner.run`` caches a choice under: the values of the key arguments given
+    (positionally or by keyword; keys that are not kernel arguments are left out), then ``str(dtype)`` of every
+    argument that has a ``dtype``, positional ones first, in order."""
     names = tuner.arg_names
     plan = tuner.__dict__.get("_key_plan")
     if plan is None or plan[0] != len(args):
         index = {n: i for i, n in enumerate(names)}
-        plan = tuner._key_plan = (len(args), [(k, index.get(k, len(names))) for k in tuner.keys], frozenset(names))
+        plan = tuner._key_plan = (len(args), [(k, index[k]) for k in tuner.keys if k in index], frozenset(names))
     n_pos, key_idx, name_set = plan
     key = []
     for name, i in key_idx:
         if i < n_pos:
             key.append(args[i])
-        elif name in kwargs and name in name_set:
+        elif name in kwargs:
             key.append(kwargs[name])
-    for a in args:
-        if type(a) is torch.Tensor or hasattr(a, "dtype"):
+    for a in args[:len(names)] if n_pos > len(names) else args:
+        if type(a) is torch.Tensor:
             d = a.dtype
             s = _DTYPE_STR.get(d)
             if s is None:
                 s = _DTYPE_STR[d] = str(d)
             key.append(s)
+        elif hasattr(a, "dtype"):
+            key.append(str(a.dtype))
     for name, a in kwargs.items():
         if name in name_set and hasattr(a, "dtype"):
             key.append(str(a.dtype))

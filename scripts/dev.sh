@@ -26,12 +26,12 @@ setup() {
 
 # The ATK CPU accuracy suite in two processes, one core each, then one merged report; fails if either half has a
 # failed check. Halves of about equal time on the CI machine (fifteenth session, seconds alone: gdn 134, kda 135,
-# conv 22, loss 22, mhc 20, norm 13, moe 8): gdn loss mhc moe, and every other family.
+# conv 22, loss 22, mhc 20, norm 13, moe 8, activation and rope a few): gdn loss mhc moe, and every other family.
 atk_cpu() {
   local out="${TMPDIR:-/tmp}/mindspeed-ops-atk-cpu" first="gdn loss mhc moe" rest rc_a=0 rc_b=0
-  rest=$(sed -n 's/^family:[[:space:]]*\([A-Za-z0-9_]*\).*/\1/p' tests/atk_tests/*.yaml | sort -u \
-    | grep -vxF -e gdn -e loss -e mhc -e moe | tr '\n' ' ')
-  mkdir -p "$out"
+  rest=$("$VENV/bin/python" -c "from mindspeed_ops.atk.schema import load_specs
+print(' '.join(sorted({s.family for s in load_specs()} - set('$first'.split()))))")
+  rm -rf "$out" && mkdir -p "$out"
   # shellcheck disable=SC2086  # one family per word
   "$VENV/bin/mindspeed-ops" atk --suite accuracy --families $first --no-plots --out "$out/a" >"$out/a.log" 2>&1 &
   local pid_a=$!

@@ -80,11 +80,15 @@ def _cases(layout):
     labels = torch.randint(0, 50, (6,), generator=torch.Generator().manual_seed(8)).to(DEVICE)
     cu = torch.tensor([0, 7, 7, 20], device=DEVICE)
     h03 = lay(r(3, HV, K, V, seed=9))
-    cu_cpu = torch.tensor([0, 7, 7, 20], dtype=torch.int32)  # the cu_seqlens_cpu hint (host copy of cu)
+    # the cu_seqlens_cpu hint cases: int32 device offsets (what fla-style callers pass) with an int64 host copy,
+    # and tail tokens after the last sequence
+    cu_h = torch.tensor([0, 7, 7, 17], dtype=torch.int32, device=DEVICE)
+    cu_cpu = torch.tensor([0, 7, 7, 17])
     o, fs, G, Ainv = ops.chunk_gated_delta_rule(q, k, v, g, beta, 0.25, h0, True, True, None, 16)
-    go, gfs, gG, gAinv = ops.chunk_gated_delta_rule(q, k, v, g, beta, 0.25, h03, True, True, cu, 16, cu_cpu)
+    go, gfs, gG, gAinv = ops.chunk_gated_delta_rule(q, k, v, g, beta, 0.25, h03, True, True, cu_h, 16, cu_cpu)
     ko, kfs, kG, Akk, Aqk = ops.chunk_kda(q, k, v, gk, beta, 0.25, h0, True, True, None, 32)
     vo, vfs, vG, vAkk, vAqk = ops.chunk_kda(q, k, v, gk, beta, 0.25, h03, True, True, cu, 32)
+    ho, hfs, hG, hAkk, hAqk = ops.chunk_kda(q, k, v, gk, beta, 0.25, h03, True, True, cu_h, 32, cu_cpu)
     x6 = r(6, 40, seed=10)
     raw = {
         "clipped_swiglu": (ops.clipped_swiglu, (*_leaf(r(6, 48, seed=11) * 4), 1.702, 7.0, False)),
@@ -139,22 +143,23 @@ def _cases(layout):
                                        (r(*o.shape, seed=83), r(*fs.shape, seed=84), q, k, v, g, beta, G, Ainv, h0,
                                         0.25, True, None, 16)),
         "chunk_gated_delta_rule_hint": (ops.chunk_gated_delta_rule, (*_leaf(q, k, v, g, beta), 0.25, *_leaf(h03),
-                                                                     True, True, cu, 16, cu_cpu)),
+                                                                     True, True, cu_h, 16, cu_cpu)),
         "chunk_gated_delta_rule_bwd_hint": (ops.chunk_gated_delta_rule_bwd,
                                             (r(*go.shape, seed=89), r(*gfs.shape, seed=90), q, k, v, g, beta, gG,
-                                             gAinv, h03, 0.25, True, cu, 16, cu_cpu)),
+                                             gAinv, h03, 0.25, True, cu_h, 16, cu_cpu)),
         "chunk_kda": (ops.chunk_kda, (*_leaf(q, k, v, gk, beta), 0.25, *_leaf(h0), True, True, None, 32)),
-        "chunk_kda_hint": (ops.chunk_kda, (*_leaf(q, k, v, gk, beta), 0.25, *_leaf(h03), True, True, cu, 32, cu_cpu)),
+        "chunk_kda_hint": (ops.chunk_kda, (*_leaf(q, k, v, gk, beta), 0.25, *_leaf(h03), True, True, cu_h, 32,
+                                           cu_cpu)),
         "chunk_kda_bwd": (ops.chunk_kda_bwd, (r(*ko.shape, seed=85), r(*kfs.shape, seed=86), q, k, v, gk, beta, kG,
                                               Akk, Aqk, h0, 0.25, True, None, 32)),
         "chunk_kda_bwd_varlen": (ops.chunk_kda_bwd, (r(*vo.shape, seed=87), r(*vfs.shape, seed=88), q, k, v, gk, beta,
                                                      vG, vAkk, vAqk, h03, 0.25, True, cu, 32)),
-        "chunk_kda_bwd_hint": (ops.chunk_kda_bwd, (r(*vo.shape, seed=91), r(*vfs.shape, seed=92), q, k, v, gk, beta,
-                                                   vG, vAkk, vAqk, h03, 0.25, True, cu, 32, cu_cpu)),
+        "chunk_kda_bwd_hint": (ops.chunk_kda_bwd, (r(*ho.shape, seed=91), r(*hfs.shape, seed=92), q, k, v, gk, beta,
+                                                   hG, hAkk, hAqk, h03, 0.25, True, cu_h, 32, cu_cpu)),
         "fused_recurrent_gated_delta_rule": (ops.fused_recurrent_gated_delta_rule,
                                              (q, k, v, g, beta, 0.25, h03, True, True, cu, None)),
         "fused_recurrent_gated_delta_rule_hint": (ops.fused_recurrent_gated_delta_rule,
-                                                  (q, k, v, g, beta, 0.25, h03, True, True, cu, cu_cpu)),
+                                                  (q, k, v, g, beta, 0.25, h03, True, True, cu_h, cu_cpu)),
     }
     return {name: (op, tuple(lay(a) for a in args)) for name, (op, args) in raw.items()}
 
@@ -170,15 +175,19 @@ NAMES = ["clipped_swiglu", "clipped_swiglu_bwd", "sinkhorn", "sinkhorn_bwd", "si
          "chunk_kda_hint", "chunk_kda_bwd_hint", "fused_recurrent_gated_delta_rule_hint"]
 
 
+GATED_DELTA = ("chunk_gated_delta_rule", "chunk_kda", "fused_recurrent_gated_delta_rule")  # name prefixes
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "permuted"])
 @pytest.mark.parametrize("backend", ["default", "reference"])
 def test_opcheck_sweep(backend, layout):
     """opcheck (schema, fake tensor, autograd registration, AOT dispatch) of every case; all failures
     are collected so one run names every op that breaks. The permuted layout runs the checks its strides can
-    change (schema: no input mutated or aliased; fake tensor: output metadata as the real op's); autograd
-    registration does not depend on the layout and AOT dispatch with permuted inputs is compiled end to end by
-    test_compile_gated_delta_permuted_layout. The ``*_hint`` cases are the ``cu_seqlens_cpu`` variants."""
-    utils = ("test_schema", "test_faketensor") if layout == "permuted" else None
+    change (schema: no input mutated or aliased; fake tensor: output metadata as the real op's) for the Gated
+    DeltaNet / KDA ops, whose other checks cost minutes under the interpreter: their autograd registration does
+    not depend on the layout, and test_compile_gated_delta_permuted_layout compiles them end to end (forward and
+    backward) on permuted inputs. Every other op runs every check in both layouts. The ``*_hint`` cases are the
+    ``cu_seqlens_cpu`` variants."""
     ctx = mindspeed_ops.use_backend("reference") if backend == "reference" else torch.enable_grad()
     failures = []
     with ctx:
@@ -187,7 +196,10 @@ def test_opcheck_sweep(backend, layout):
         for name in NAMES:
             op, args = cases[name]
             try:
-                torch.library.opcheck(op, args) if utils is None else torch.library.opcheck(op, args, test_utils=utils)
+                if layout == "permuted" and name.startswith(GATED_DELTA):
+                    torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+                else:
+                    torch.library.opcheck(op, args)
             except Exception as e:  # noqa: BLE001 - collect every op's failure
                 failures.append(f"{name}: {type(e).__name__}: {str(e)[:400]}")
     assert not failures, "\n".join(failures)

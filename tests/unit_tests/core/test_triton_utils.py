@@ -126,6 +126,45 @@ def test_fast_tuner_reuses_tritons_key_and_choice(monkeypatch):
     assert len(tuner.cache) == 2
 
 
+def test_fast_tuner_key_by_keyword_and_unknown_key_names(monkeypatch):
+    """The key argument passed by keyword and a key name that is no kernel argument (Triton leaves it out): the
+    cached tuple is still Triton's own, and the second launch takes the lean path."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    tuner = tu.autotune(_CONFIGS, key=["not_an_argument", "n"], cache_results=False)(_double_tuned.fn)
+    monkeypatch.setattr(tuner, "_bench", lambda *a, config, **k: [float(config.kwargs["BLOCK"])], raising=False)
+    x = torch.randn(77, device=DEVICE)
+    for fast in (False, True):
+        y = torch.full_like(x, float("nan"))
+        tuner.nargs = "untouched"
+        tuner[_grid(77)](x, y, n=77)
+        assert torch.equal(y, x * 2) and (tuner.nargs == "untouched") is fast
+    assert list(tuner.cache) == [tu.tuning_key(tuner, (x, y), {"n": 77})] == [(77, str(x.dtype), str(y.dtype))]
+    assert tuner.cache[(77, str(x.dtype), str(y.dtype))].kwargs == {"BLOCK": 32}
+
+
+def test_fast_tuner_yields_to_a_patched_autotuner_run(monkeypatch):
+    """compile_check's recorder patches ``Autotuner.run`` on the class: while it is patched, launches of a lean
+    tuner go through the patch even with their key cached."""
+    from triton.runtime.autotuner import Autotuner
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    tuner = tu.autotune(_CONFIGS, key=["n"], cache_results=False)(_double_tuned.fn)
+    monkeypatch.setattr(tuner, "_bench", lambda *a, config, **k: [float(config.kwargs["BLOCK"])], raising=False)
+    x = torch.randn(50, device=DEVICE)
+    tuner[_grid(50)](x, torch.empty_like(x), 50)  # tuned and cached
+    seen = []
+    orig = Autotuner.run
+
+    def patched(self, *a, **k):
+        seen.append(self)
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(Autotuner, "run", patched)
+    assert not tu._is_tritons_run(Autotuner.run) and tu._is_tritons_run(orig)
+    tuner[_grid(50)](x, torch.empty_like(x), 50)
+    assert seen == [tuner]
+
+
 @interpreter_only
 def test_stock_autotune_with_several_configs_fails_under_interpreter():
     """The trap the shim avoids: plain triton.autotune with >1 config cannot run interpreted."""

@@ -1,8 +1,9 @@
 """Compile-only check (DESIGN 7) of every kernel a KDA training step launches: the operator's forward and
 backward recorded dry at a real size under the interpreter (GVA 16/32 heads, K = V = 128, with and without
-the in-kernel l2norm, varlen), built for sm_90 (fp16, bf16) and sm_80 (bf16) with Triton's NVIDIA backend:
-catches tl.dot shapes, shared memory and register spills before a GPU does. fp32 launches of chunk_kda at real
-size are built by tests/unit_tests/core/test_compile_only.py (every check case, sm_80 and sm_90)."""
+the in-kernel l2norm, varlen), built for sm_90 (every dtype) and sm_80 (bf16) with Triton's NVIDIA backend:
+catches tl.dot shapes, shared memory and register spills before a GPU does. fp32 is recorded without the
+l2norm only: chunk_kda's real-size check cases (all with it on, GVA and varlen among them) are built for sm_80 and
+sm_90 in fp32 by tests/unit_tests/core/test_compile_only.py."""
 import pytest
 import torch
 
@@ -31,9 +32,11 @@ def _step(T, H, HV, K, dt, l2, cu):
 
 def _launches():
     T, H, HV, K = 4096, 16, 32, 128
-    with cc.Recorder(dry=True) as rec:  # 16-bit only: fp32 real-size launches are in test_compile_only's recording
-        for l2, cu in ((True, None), (False, torch.tensor([0, 1000, 2500, T]))):
-            _step(T, H, HV, K, torch.float16, l2, cu)
+    varlen = torch.tensor([0, 1000, 2500, T])
+    # fp32 only without the l2norm: test_compile_only's chunk_kda check cases build the fp32 launches with it on
+    with cc.Recorder(dry=True) as rec:
+        for dt, l2, cu in ((torch.float16, True, None), (torch.float16, False, varlen), (torch.float32, False, varlen)):
+            _step(T, H, HV, K, dt, l2, cu)
     # the intra backward also at a K its 64-wide key tile does not divide (it launches at 4 warps there: 2
     # spilled 500-700 bytes)
     with cc.Recorder(dry=True) as odd:
