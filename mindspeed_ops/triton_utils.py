@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import warnings
 from typing import Iterable, Optional, Sequence
 
 import torch
@@ -34,28 +33,8 @@ import torch
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
-# os.environ's own byte-keyed store on POSIX (os.environ[...] = ... and monkeypatch.setenv update it): one dict
-# lookup instead of os.environ.get's key encoding and value decoding, ~1.5 µs per call otherwise; launchers ask
-# once per tensor (~70 times per Gated DeltaNet training step)
-_ENV_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
-
-
 def interpreting() -> bool:
-    if _ENV_BYTES is not None:
-        return _ENV_BYTES.get(b"TRITON_INTERPRET", b"0") == b"1"
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def env_switch(name: str) -> bool:
-    """An on/off environment switch that defaults to on: 0/false/off/no (any case) turn it off, 1/true/on/yes
-    or unset keep it on; another value warns and keeps it on."""
-    value = os.environ.get(name, "1").strip().lower()
-    if value in ("0", "false", "off", "no"):
-        return False
-    if value not in ("", "1", "true", "on", "yes"):
-        warnings.warn(f"{name}={os.environ[name]!r} is not one of 0/1/false/true/off/on/no/yes: kept on",
-                      stacklevel=2)
-    return True
+    return _env_value(b"TRITON_INTERPRET", "TRITON_INTERPRET") == "1"
 
 
 def check_interpreter_env() -> None:
@@ -121,11 +100,94 @@ def autotune(configs: Sequence, key: Iterable[str], **kwargs):
         tuner = decorate(fn)
         # every config and the pruning rule, for mindspeed_ops.compile_check (the interpreter runs only the first)
         tuner.all_configs, tuner.all_prune_configs_by = configs, prune
-        if len(kept) > 1 and env_switch("MINDSPEED_OPS_FAST_AUTOTUNE") and _fast_tuner_ok(tuner):
-            tuner.__class__ = _fast_tuner_class()
-        return tuner
+        return _lean(tuner) if len(kept) > 1 else tuner
 
     return wrap
+
+
+def cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (a small stand-in on CPU: the interpreter is serial)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+_LAZY: dict = {}
+
+
+def __getattr__(name: str):
+    """PEP 562: ``triton``, ``tl`` and the shared jit helpers ``i64`` and ``sigmoid_f32``, made on first use
+    (when a kernel module imports them), so that importing this module never loads triton."""
+    if name not in ("triton", "tl", "i64", "sigmoid_f32") or not HAS_TRITON:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if not _LAZY:
+        _LAZY.update(_jit_helpers())
+    return _LAZY[name]
+
+
+def _jit_helpers() -> dict:
+    global triton, tl  # module globals: the helpers' bodies look ``tl`` up here when they are compiled
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def i64(x):
+        """``x`` as int64; works on tensors and on the interpreter's Python-int loop variables."""
+        return tl.cast(x, tl.int64)
+
+    @triton.jit
+    def sigmoid_f32(x):
+        """Sigmoid in fp32 with ``tl.exp`` (no libdevice, which the interpreter stubs out)."""
+        return 1.0 / (1.0 + tl.exp(-x))
+
+    return {"triton": triton, "tl": tl, "i64": i64, "sigmoid_f32": sigmoid_f32}
+
+
+# ------------------------------------------------------------------------------------------------
+# Below the jit helpers on purpose: Triton's cache key of a jit function includes its starting line, and every
+# kernel's key includes its helpers' keys; code added above ``_jit_helpers`` would recompile every kernel once.
+# ------------------------------------------------------------------------------------------------
+
+# os.environ's own byte-keyed store on POSIX (os.environ[...] = ... and monkeypatch.setenv update it): one dict
+# lookup instead of os.environ.get's key encoding and value decoding, ~1.5 µs per call otherwise; launchers ask
+# whether they run interpreted once per tensor (~70 times per Gated DeltaNet training step)
+_ENV_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def _env_value(key_bytes: bytes, key: str, default: str = "0") -> str:
+    if _ENV_BYTES is not None:
+        value = _ENV_BYTES.get(key_bytes)
+        return default if value is None else value.decode()
+    return os.environ.get(key, default)
+
+
+def env_switch(name: str) -> bool:
+    """An on/off environment switch that defaults to on: 0/false/off/no (any case) turn it off, 1/true/on/yes
+    or unset keep it on; another value warns and keeps it on."""
+    import warnings
+
+    value = os.environ.get(name, "1").strip().lower()
+    if value in ("0", "false", "off", "no"):
+        return False
+    if value not in ("", "1", "true", "on", "yes"):
+        warnings.warn(f"{name}={os.environ[name]!r} is not one of 0/1/false/true/off/on/no/yes: kept on",
+                      stacklevel=2)
+    return True
+
+
+def _lean(tuner):
+    """``tuner`` with :func:`_fast_tuner_class` as its class when the switch is on and it has what that reads."""
+    if env_switch("MINDSPEED_OPS_FAST_AUTOTUNE") and _fast_tuner_ok(tuner):
+        tuner.__class__ = _fast_tuner_class()
+    return tuner
 
 
 def _fast_tuner_ok(tuner) -> bool:
@@ -197,49 +259,3 @@ def tuning_key(tuner, args: tuple, kwargs: dict) -> tuple:
         if name in name_set and hasattr(a, "dtype"):
             key.append(str(a.dtype))
     return tuple(key)
-
-
-def cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
-
-
-def num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (a small stand-in on CPU: the interpreter is serial)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
-
-
-_LAZY: dict = {}
-
-
-def __getattr__(name: str):
-    """PEP 562: ``triton``, ``tl`` and the shared jit helpers ``i64`` and ``sigmoid_f32``, made on first use
-    (when a kernel module imports them), so that importing this module never loads triton."""
-    if name not in ("triton", "tl", "i64", "sigmoid_f32") or not HAS_TRITON:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if not _LAZY:
-        _LAZY.update(_jit_helpers())
-    return _LAZY[name]
-
-
-def _jit_helpers() -> dict:
-    global triton, tl  # module globals: the helpers' bodies look ``tl`` up here when they are compiled
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def i64(x):
-        """``x`` as int64; works on tensors and on the interpreter's Python-int loop variables."""
-        return tl.cast(x, tl.int64)
-
-    @triton.jit
-    def sigmoid_f32(x):
-        """Sigmoid in fp32 with ``tl.exp`` (no libdevice, which the interpreter stubs out)."""
-        return 1.0 / (1.0 + tl.exp(-x))
-
-    return {"triton": triton, "tl": tl, "i64": i64, "sigmoid_f32": sigmoid_f32}
