@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import sys
 import time
@@ -26,6 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profile_op import _point, _step_fns  # noqa: E402  (the inputs exactly as profile_op / the ATK build them)
+
 
 @triton.jit
 def many_args_kernel(x_ptr, y_ptr, p0, p1, p2, p3, p4, p5, p6, p7, n, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
@@ -34,14 +36,6 @@ def many_args_kernel(x_ptr, y_ptr, p0, p1, p2, p3, p4, p5, p6, p7, n, s2, s3, s4
     """A copy kernel with 10 pointer and 31 integer arguments (a typical chunk-kernel argument list)."""
     o = tl.arange(0, BV)
     tl.store(y_ptr + o, tl.load(x_ptr + o, mask=o < n), mask=o < n)
-
-
-def _profile_op():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_op.py")
-    spec = importlib.util.spec_from_file_location("profile_op", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def host_ms(fn, reps: int = 30) -> float:
@@ -134,15 +128,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("host_overhead: needs a GPU")
-    po = _profile_op()
     from mindspeed_ops.atk.inputs import torch_dtype
     from mindspeed_ops.atk.schema import load_specs
 
     (spec,) = load_specs(None, [args.op])
     case = next(c for c in spec.cases if args.case in (None, c.name))
-    point = po._point(case, args.shape, True)
+    point = _point(case, args.shape, True)
     print(f"{args.op} / {case.name} / {point.text()} / {args.dtype} (torch {torch.__version__})")
-    fwd, fwd_bwd = po._step_fns(case, point, torch_dtype(args.dtype), "cuda")
+    fwd, fwd_bwd = _step_fns(case, point, torch_dtype(args.dtype), "cuda")
     for name, fn in (("forward", fwd), ("forward+backward", fwd_bwd)):
         if fn is None:
             continue

@@ -100,15 +100,21 @@ def test_autotune_keeps_its_choices_on_disk(monkeypatch):
     assert seen["cache_results"] is False
 
 
+def _lean_tuner(monkeypatch, key, seconds):
+    """A ``triton_utils.autotune`` tuner over ``_CONFIGS`` that keeps all three configs (the launches still run
+    interpreted on CPU) and times each config as ``seconds(BLOCK)`` (the interpreter cannot time)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    tuner = tu.autotune(_CONFIGS, key=key, cache_results=False)(_double_tuned.fn)
+    monkeypatch.setattr(tuner, "_bench", lambda *a, config, **k: [seconds(config.kwargs["BLOCK"])], raising=False)
+    return tuner
+
+
 def test_fast_tuner_reuses_tritons_key_and_choice(monkeypatch):
     """Several configs: launches whose key was tuned skip Triton's generic key building (host time) but use
     the very tuple Triton caches the choice under, so its disk cache and ``cache`` stay shared; a new key is
     tuned by Triton's own path. Timing is faked (the interpreter cannot time): the 64-wide config wins."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")  # keep all configs (the launches still run interpreted on CPU)
-    tuner = tu.autotune(_CONFIGS, key=["n"], cache_results=False)(_double_tuned.fn)
+    tuner = _lean_tuner(monkeypatch, ["n"], lambda block: 1.0 if block == 64 else 2.0)
     assert type(tuner).__name__ == "_CachedKeyAutotuner" and len(tuner.configs) == 3
-    monkeypatch.setattr(tuner, "_bench", lambda *a, config, **k: [1.0 if config.kwargs["BLOCK"] == 64 else 2.0],
-                        raising=False)
     seen = []
     run = tuner.fn.run
     monkeypatch.setattr(tuner.fn, "run", lambda *a, **k: (seen.append(k["BLOCK"]), run(*a, **k))[1])
@@ -129,9 +135,7 @@ def test_fast_tuner_reuses_tritons_key_and_choice(monkeypatch):
 def test_fast_tuner_key_by_keyword_and_unknown_key_names(monkeypatch):
     """The key argument passed by keyword and a key name that is no kernel argument (Triton leaves it out): the
     cached tuple is still Triton's own, and the second launch takes the lean path."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    tuner = tu.autotune(_CONFIGS, key=["not_an_argument", "n"], cache_results=False)(_double_tuned.fn)
-    monkeypatch.setattr(tuner, "_bench", lambda *a, config, **k: [float(config.kwargs["BLOCK"])], raising=False)
+    tuner = _lean_tuner(monkeypatch, ["not_an_argument", "n"], float)
     x = torch.randn(77, device=DEVICE)
     for fast in (False, True):
         y = torch.full_like(x, float("nan"))
@@ -147,9 +151,7 @@ def test_fast_tuner_yields_to_a_patched_autotuner_run(monkeypatch):
     tuner go through the patch even with their key cached."""
     from triton.runtime.autotuner import Autotuner
 
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    tuner = tu.autotune(_CONFIGS, key=["n"], cache_results=False)(_double_tuned.fn)
-    monkeypatch.setattr(tuner, "_bench", lambda *a, config, **k: [float(config.kwargs["BLOCK"])], raising=False)
+    tuner = _lean_tuner(monkeypatch, ["n"], float)
     x = torch.randn(50, device=DEVICE)
     tuner[_grid(50)](x, torch.empty_like(x), 50)  # tuned and cached
     seen = []
