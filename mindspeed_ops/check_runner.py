@@ -103,9 +103,11 @@ def prepare_device(device: torch.device | str) -> bool:
         os.environ["TRITON_INTERPRET"] = "1"
     interpreting = backends.triton_interpreting()
     if interpreting:
+        from . import interpreter_speedup
         from .triton_utils import check_interpreter_env
 
         check_interpreter_env()
+        interpreter_speedup.install()
     return interpreting
 
 

@@ -618,10 +618,12 @@ def record_launches(ops: Optional[Sequence[str]] = None, *, dtypes: Sequence[str
 
     import torch
 
+    from . import interpreter_speedup
     from .checks import all_cases
     from .triton_utils import check_interpreter_env
 
     check_interpreter_env()
+    interpreter_speedup.install()
     if cases is None:
         cases = all_cases()
         if ops:
@@ -708,14 +710,17 @@ def _source_fingerprint(extra: Iterable[str] = ()) -> str:
     return h.hexdigest()[:20]
 
 
+def _default_cache_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), f"mindspeed_ops_compile_check_{os.getuid()}")
+
+
 def record_launches_cached(cache_dir: Optional[str] = None, **kwargs) -> Recording:
     """:func:`record_launches` cached on disk, keyed by a hash of the package sources and arguments.
 
     Concurrent callers (pytest-xdist workers collecting the same tests) take a file lock, so one
     records and the others read its result.
     """
-    if cache_dir is None:
-        cache_dir = os.path.join(tempfile.gettempdir(), f"mindspeed_ops_compile_check_{os.getuid()}")
+    cache_dir = cache_dir or _default_cache_dir()
     os.makedirs(cache_dir, exist_ok=True)
     key = _source_fingerprint([json.dumps(kwargs, sort_keys=True, default=str), str(_interpreting())])
     path = os.path.join(cache_dir, f"recording-{key}.json")
@@ -904,6 +909,33 @@ def resource_usage(cubin: bytes, ptx: Optional[str], arch: int) -> dict:
     return out
 
 
+def _usage_path(kernel_hash: str) -> str:
+    return os.path.join(_default_cache_dir(), "usage", f"{kernel_hash}.json")
+
+
+def cached_resource_usage(kernel_hash: str, cubin: bytes, ptx: Optional[str], arch: int) -> dict:
+    """:func:`resource_usage`, kept on disk by Triton's kernel hash (which covers the source, constexprs,
+    options, target and Triton version, so the same hash is the same cubin). On a Triton cache hit ptxas does
+    not run, and a spilling kernel's ``ptxas -v`` rebuild took seconds per launch in every test run."""
+    path = _usage_path(kernel_hash)
+    with contextlib.suppress(OSError, ValueError):
+        with open(path) as f:
+            return json.load(f)
+    usage = resource_usage(cubin, ptx, arch)
+    if usage["regs"] is not None:  # a tool failure is not remembered
+        store_resource_usage(kernel_hash, usage)
+    return usage
+
+
+def store_resource_usage(kernel_hash: str, usage: dict) -> None:
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(_usage_path(kernel_hash)), exist_ok=True)
+        tmp = f"{_usage_path(kernel_hash)}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(usage, f)
+        os.replace(tmp, _usage_path(kernel_hash))
+
+
 def limit_violations(arch: int, shared: Optional[int], regs: Optional[int], num_warps: int) -> list[str]:
     """Reasons a compiled kernel could not launch on ``arch`` (shared memory, registers, threads)."""
     problems = []
@@ -988,7 +1020,9 @@ def compile_one(launch: Launch, arch: int) -> CompileResult:
         res.shared = int(md.shared)
         usage = _parse_ptxas_log(log, md.name)  # None on a Triton cache hit (ptxas did not run)
         if usage is None:
-            usage = resource_usage(kernel.asm["cubin"], kernel.asm.get("ptx"), arch)
+            usage = cached_resource_usage(md.hash, kernel.asm["cubin"], kernel.asm.get("ptx"), arch)
+        else:
+            store_resource_usage(md.hash, usage)
         res.regs, res.stack = usage["regs"], usage["stack"]
         res.spill_stores, res.spill_loads = usage["spill_stores"], usage["spill_loads"]
         problems = limit_violations(arch, res.shared, res.regs, int(md.num_warps))

@@ -13,6 +13,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
+if os.environ.get("TRITON_INTERPRET") == "1":  # helpers inside a launch skip re-patching triton.language
+    from mindspeed_ops import interpreter_speedup  # noqa: E402
+
+    interpreter_speedup.install()
+
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 #: dtypes the kernels are tested in: bf16 arithmetic only for real on the GPU (DESIGN 7, trap 1);

@@ -298,3 +298,21 @@ def test_command_line(capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "clipped_swiglu_fwd_kernel" in out and "clipped_swiglu_bwd_kernel" in out and "compilations ok" in out
+
+
+def test_resource_usage_kept_by_kernel_hash(tmp_path, monkeypatch):
+    """A Triton cache hit does not run ptxas: the usage is read from the per-hash file, not rebuilt
+    (``ptxas -v`` of a spilling kernel took seconds per launch); a tool failure is not remembered."""
+    monkeypatch.setattr(cc, "_default_cache_dir", lambda: str(tmp_path))
+    calls = []
+    usage = {"regs": 96, "stack": 16, "spill_stores": 8, "spill_loads": 8}
+    monkeypatch.setattr(cc, "resource_usage", lambda cubin, ptx, arch: calls.append(arch) or dict(usage))
+    assert cc.cached_resource_usage("h1", b"", None, 90) == usage
+    assert cc.cached_resource_usage("h1", b"", None, 90) == usage and calls == [90]
+    cc.store_resource_usage("h2", {**usage, "regs": 40})  # what a build that ran ptxas -v logged
+    assert cc.cached_resource_usage("h2", b"", None, 90)["regs"] == 40 and calls == [90]
+    failed = {"regs": None, "stack": None, "spill_stores": None, "spill_loads": None}
+    monkeypatch.setattr(cc, "resource_usage", lambda cubin, ptx, arch: calls.append(arch) or dict(failed))
+    cc.cached_resource_usage("h3", b"", None, 80)
+    cc.cached_resource_usage("h3", b"", None, 80)
+    assert calls == [90, 80, 80]
