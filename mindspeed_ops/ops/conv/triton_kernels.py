@@ -216,21 +216,26 @@ def causal_conv1d_fwd_kernel(x_ptr, w_ptr, b_ptr, r_ptr, s_ptr, y_ptr, cu_ptr, s
                          W, HAS_STATE),)
     for i in range(0, CS // R):
         r0 = s0 + tl.cast(i, tl.int64) * R
-        last = r0 + (R - 1)
-        if VARLEN:  # no sequence start in the block (the window is already that of the sequence)
-            okb = last < end
-            n_lo = tl.load(seq_ptr + r0, mask=okb, other=0)
-            n_hi = tl.load(seq_ptr + last, mask=okb, other=-1)
-            st = tl.load(cu_ptr + n_lo, mask=okb, other=0).to(tl.int64)
-            good = okb & (n_lo == n_hi) & (r0 > st)
-        else:
-            good = last < T
-        if W > 1 and tl.min((good | (r0 >= T)).to(tl.int32), axis=0) > 0:  # (W = 1: empty windows)
+        if W > 1 and not VARLEN:  # one sequence per batch row, its start set up above: every block is fast (the
+            # row masks cover a partial last block), with no per-block check across the streams (cross-warp)
             win = _fwd_block_fast(win, r0, T, xb, yb, rb, cols, cm, ws, bias, sxt, srt, D,
                                   W, SILU, HAS_BIAS, HAS_RES, R)
         else:
-            win = _fwd_block_generic(win, r0, b, T, end, xb, yb, rb, s_ptr, cu_ptr, seq_ptr, cols, cm, ws, bias,
-                                     sxt, srt, ssn, ssw, D, W, SILU, HAS_BIAS, HAS_RES, HAS_STATE, VARLEN, R)
+            last = r0 + (R - 1)
+            good = last < T
+            if VARLEN:  # no sequence start in the block (the window is already that of the sequence)
+                okb = last < end
+                n_lo = tl.load(seq_ptr + r0, mask=okb, other=0)
+                n_hi = tl.load(seq_ptr + last, mask=okb, other=-1)
+                st = tl.load(cu_ptr + n_lo, mask=okb, other=0).to(tl.int64)
+                good = okb & (n_lo == n_hi) & (r0 > st)
+            if W > 1 and tl.min((good | (r0 >= T)).to(tl.int32), axis=0) > 0:  # (W = 1: empty windows)
+                win = _fwd_block_fast(win, r0, T, xb, yb, rb, cols, cm, ws, bias, sxt, srt, D,
+                                      W, SILU, HAS_BIAS, HAS_RES, R)
+            else:
+                win = _fwd_block_generic(win, r0, b, T, end, xb, yb, rb, s_ptr, cu_ptr, seq_ptr, cols, cm, ws,
+                                         bias, sxt, srt, ssn, ssw, D, W, SILU, HAS_BIAS, HAS_RES, HAS_STATE,
+                                         VARLEN, R)
 
 
 # ----------------------------------------------------------------------------------------------------
