@@ -10,12 +10,14 @@ table is built once instead.
 
 :func:`install` makes the nested patching a no-op when the launch already patched the modules the helper
 sees (the common case: both import ``triton.language``); anything else goes through Triton's own code. The
-kernels run the same interpreted operations either way. Only Triton 3.x interpreters with the expected
-internals are touched (checked by name); otherwise :func:`install` does nothing.
+kernels run the same interpreted operations either way. Only an interpreter with the expected internals
+(checked by name; written against Triton 3.6) is touched; otherwise :func:`install` does nothing, as it does with
+``MINDSPEED_OPS_INTERPRETER_SPEEDUP=0`` in the environment.
 """
 from __future__ import annotations
 
 import inspect
+import os
 
 _state = {"installed": False, "langs": None}  # langs: lang modules patched by the running launch (None: no launch)
 
@@ -30,6 +32,8 @@ def install() -> bool:
     """Install the skip (idempotent). Returns whether it is active."""
     if _state["installed"]:
         return True
+    if os.environ.get("MINDSPEED_OPS_INTERPRETER_SPEEDUP", "1") == "0":  # Triton's interpreter as shipped
+        return False
     try:
         import triton.language as tl
         from triton.runtime import interpreter

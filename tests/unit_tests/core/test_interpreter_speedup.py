@@ -98,3 +98,16 @@ def test_numpy_dtype_table_matches_tritons():
               tl.block_type(tl.pointer_type(tl.int32), [16])]
     for ty in types:
         assert fast(ty) == own(ty), ty
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    from triton.runtime import interpreter
+
+    isp.uninstall()
+    try:
+        monkeypatch.setenv("MINDSPEED_OPS_INTERPRETER_SPEEDUP", "0")
+        assert not isp.install()
+        assert not hasattr(interpreter._patch_lang, "__wrapped__")
+    finally:
+        monkeypatch.delenv("MINDSPEED_OPS_INTERPRETER_SPEEDUP")
+        assert isp.install()
