@@ -909,25 +909,38 @@ def resource_usage(cubin: bytes, ptx: Optional[str], arch: int) -> dict:
     return out
 
 
+_USAGE_FORMAT = 1  # bump when resource_usage/_parse_ptxas_log change what they report (old entries are not read)
+
+
 def _usage_path(kernel_hash: str) -> str:
-    return os.path.join(_default_cache_dir(), "usage", f"{kernel_hash}.json")
+    return os.path.join(_default_cache_dir(), f"usage-v{_USAGE_FORMAT}", f"{kernel_hash}.json")
+
+
+def _usage_complete(usage) -> bool:
+    """Registers and stack known, and the spill bytes too wherever there is a stack (ptxas -v ran)."""
+    keys = ("regs", "stack", "spill_stores", "spill_loads")
+    return (isinstance(usage, dict) and all(k in usage for k in keys) and usage["regs"] is not None
+            and usage["stack"] is not None and (usage["stack"] == 0 or usage["spill_stores"] is not None))
 
 
 def cached_resource_usage(kernel_hash: str, cubin: bytes, ptx: Optional[str], arch: int) -> dict:
     """:func:`resource_usage`, kept on disk by Triton's kernel hash (which covers the source, constexprs,
     options, target and Triton version, so the same hash is the same cubin). On a Triton cache hit ptxas does
     not run, and a spilling kernel's ``ptxas -v`` rebuild took seconds per launch in every test run."""
-    path = _usage_path(kernel_hash)
     with contextlib.suppress(OSError, ValueError):
-        with open(path) as f:
-            return json.load(f)
+        with open(_usage_path(kernel_hash)) as f:
+            kept = json.load(f)
+        if _usage_complete(kept):  # anything else (a damaged file) is a miss
+            return kept
     usage = resource_usage(cubin, ptx, arch)
-    if usage["regs"] is not None:  # a tool failure is not remembered
-        store_resource_usage(kernel_hash, usage)
+    store_resource_usage(kernel_hash, usage)
     return usage
 
 
 def store_resource_usage(kernel_hash: str, usage: dict) -> None:
+    """Keep ``usage`` if complete (a failed or partial tool run is not remembered)."""
+    if not _usage_complete(usage):
+        return
     with contextlib.suppress(OSError):
         os.makedirs(os.path.dirname(_usage_path(kernel_hash)), exist_ok=True)
         tmp = f"{_usage_path(kernel_hash)}.{os.getpid()}.tmp"

@@ -10,8 +10,8 @@ table is built once instead.
 
 :func:`install` makes the nested patching a no-op when the launch already patched the modules the helper
 sees (the common case: both import ``triton.language``); anything else goes through Triton's own code. The
-kernels run the same interpreted operations either way. Only an interpreter with the expected internals
-(checked by name; written against Triton 3.6) is touched; otherwise :func:`install` does nothing, as it does with
+kernels run the same interpreted operations either way. Only Triton 3.6's interpreter is touched (version
+and names checked); otherwise :func:`install` does nothing, as it does with
 ``MINDSPEED_OPS_INTERPRETER_SPEEDUP=0`` in the environment.
 """
 from __future__ import annotations
@@ -39,9 +39,13 @@ def install() -> bool:
         from triton.runtime import interpreter
     except ImportError:
         return False
+    import triton
+
+    if not triton.__version__.startswith("3.6."):  # the internals below are Triton 3.6's
+        return False
     original = getattr(interpreter, "_patch_lang", None)
     executor = getattr(interpreter, "GridExecutor", None)
-    if original is None or executor is None or not callable(getattr(executor, "__call__", None)):
+    if original is None or executor is None or "__call__" not in vars(executor):
         return False
     lang_modules = (tl, tl.core)
     launch = executor.__call__

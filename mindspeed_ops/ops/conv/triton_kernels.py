@@ -18,9 +18,9 @@ Each block of R steps takes one of two paths, chosen by one scalar test per bloc
   the last W positions, rows past T or past ``cu_seqlens[N]`` (outputs 0), and the window rebuilt
   at every sequence edge (forward: at a sequence start from the state slots; backward: at a
   sequence end, ``gy`` window zeroed).
-The windows are seeded per stream from ``x̃`` (so a fixed-length forward needs the generic path only
-for a partial last block). State slots and final-state gradients are read from [N, W, D] copies with
-unit channel stride (the launcher makes them), so a slot reads like a row of x (16-byte loads).
+The windows are seeded per stream from ``x̃``, so a fixed-length forward takes the fast path for every
+block (partial last ones by their row masks). State slots and final-state gradients are read from [N, W, D]
+copies with unit channel stride (the launcher makes them), so a slot reads like a row of x (16-byte loads).
 
 Row indices ``t`` address a [B, T, D] tensor (``b`` = batch row; varlen: ``b = 0`` and ``t`` the
 packed row); offsets are int64. The extended input of sequence n at position q is ``x̃_q = x_q`` for

@@ -266,6 +266,18 @@ def test_small_tiles_fixed(state, dtype, small_tiles, poisoned):
            final=state)
 
 
+@pytest.mark.parametrize("T,state", [(13, True), (37, False), (50, True)])
+def test_fixed_length_blocks_equal_one_sequence_varlen(T, state, small_tiles):
+    """A fixed-length forward takes the fast block everywhere, partial last blocks included; the same rows as one
+    varlen sequence go through the per-block check (generic blocks at the start and the end): bitwise the same y
+    and final state. D = 40: several streams per program, some starting past T."""
+    x, w, b, r, s = _make(1, T, 40, 4, torch.float32, residual=True, state=state, seed=90 + T)
+    fixed = causal_conv1d(x, w, b, r, s, "silu", output_final_state=True)
+    cu = torch.tensor([0, T], dtype=torch.int32, device=DEVICE)
+    packed = causal_conv1d(x, w, b, r, s, "silu", cu_seqlens=cu, output_final_state=True)
+    assert torch.equal(fixed[0], packed[0]) and torch.equal(fixed[1], packed[1])
+
+
 @pytest.mark.parametrize("W", [1, 2, 3, 8])
 def test_small_tiles_widths(W, small_tiles):
     _check(*_make(1, 45, 24, W, torch.float32, residual=True, state=True, seed=40 + W), activation="silu",

@@ -312,7 +312,13 @@ def test_resource_usage_kept_by_kernel_hash(tmp_path, monkeypatch):
     cc.store_resource_usage("h2", {**usage, "regs": 40})  # what a build that ran ptxas -v logged
     assert cc.cached_resource_usage("h2", b"", None, 90)["regs"] == 40 and calls == [90]
     failed = {"regs": None, "stack": None, "spill_stores": None, "spill_loads": None}
-    monkeypatch.setattr(cc, "resource_usage", lambda cubin, ptx, arch: calls.append(arch) or dict(failed))
-    cc.cached_resource_usage("h3", b"", None, 80)
-    cc.cached_resource_usage("h3", b"", None, 80)
-    assert calls == [90, 80, 80]
+    partial = {"regs": 96, "stack": 64, "spill_stores": None, "spill_loads": None}  # cuobjdump ran, ptxas -v not
+    for i, bad in enumerate((failed, partial)):
+        monkeypatch.setattr(cc, "resource_usage", lambda cubin, ptx, arch, bad=bad: calls.append(arch) or dict(bad))
+        cc.cached_resource_usage(f"h{3 + i}", b"", None, 80)
+        cc.cached_resource_usage(f"h{3 + i}", b"", None, 80)
+    assert calls == [90, 80, 80, 80, 80]
+    with open(cc._usage_path("h1"), "w") as f:  # a damaged entry is a miss
+        f.write("{}")
+    monkeypatch.setattr(cc, "resource_usage", lambda cubin, ptx, arch: calls.append(arch) or dict(usage))
+    assert cc.cached_resource_usage("h1", b"", None, 90) == usage and calls[-1] == 90
