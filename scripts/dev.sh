@@ -3,7 +3,8 @@
 #   bash scripts/dev.sh train   # set up, then the main job: train the example hybrid LM (a few minutes on CPU)
 #   bash scripts/dev.sh check   # set up, then check every operator against its reference
 #   bash scripts/dev.sh test    # set up, then the unit tests and the ATK accuracy suite (Triton kernels under
-#                               # the CPU interpreter); extra arguments go to pytest (then no ATK run)
+#                               # the CPU interpreter); extra arguments go to pytest (then no ATK run; test
+#                               # paths among them replace the whole suite)
 #   bash scripts/dev.sh setup   # only the set-up
 # Set-up makes ./.venv with torch 2.13.0 (CPU), triton 3.6.0 and numpy<2.4 (numpy >= 2.4 breaks the
 # Triton interpreter's runtime-bounded loops), then installs this project with its test/bench/hf extras
@@ -59,7 +60,12 @@ case "$cmd" in
     setup
     # No GPU here: tests/conftest.py turns on TRITON_INTERPRET=1 so the real kernels run on CPU.
     export OMP_NUM_THREADS=1
-    "$VENV/bin/python" -m pytest -n 2 --dist worksteal -q -p no:cacheprovider tests "$@"
+    local_paths=tests  # the whole suite, unless an argument names a test file or directory (path[::test])
+    for a in "$@"; do
+      if [[ $a != -* && -e ${a%%::*} ]]; then local_paths=""; fi
+    done
+    # shellcheck disable=SC2086  # empty when the arguments name their own paths
+    "$VENV/bin/python" -m pytest -n 2 --dist worksteal -q -p no:cacheprovider $local_paths "$@"
     if [ $# -eq 0 ]; then  # the whole suite: also every operator's ATK accuracy cases at CPU size (~3 min)
       atk_cpu
     fi ;;
