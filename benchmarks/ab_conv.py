@@ -15,6 +15,8 @@ import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tune_conv import inputs  # noqa: E402  (the same point as the tile sweep)
 KERNELS = ("causal_conv1d_fwd_kernel", "causal_conv1d_bwd_kernel")
 
 
@@ -32,11 +34,7 @@ def main(old_path: str, rounds: int) -> None:
     current = importlib.import_module("mindspeed_ops.ops.conv.triton_kernels")  # the launchers import from here
     versions = {"new": {k: getattr(current, k) for k in KERNELS}, "old": {k: getattr(_load_old(old_path), k)
                                                                            for k in KERNELS}}
-    B, T, D, W = 4, 4096, 8192, 4
-    x = torch.randn(B, T, D, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn_like(x)
-    w = (torch.randn(W, D, device="cuda") * .5).bfloat16()
-    b = torch.randn(D, device="cuda", dtype=torch.bfloat16)
+    x, dy, w, b, _ = inputs()
     copy = do_bench(lambda: x.clone(), warmup=25, rep=200)
     print(f"copy {copy:.4f} ms")
     outs = {}

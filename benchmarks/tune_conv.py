@@ -18,13 +18,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 L = importlib.import_module("mindspeed_ops.ops.conv.causal_conv1d")
 
 
-def main(quick: bool = False) -> None:
+def inputs():
+    """``x, dy, weight, bias`` of issue 7's point (B4 T4096 D8192 W4, bf16, on the GPU) and x's size in GB."""
     B, T, D, W = 4, 4096, 8192, 4
     x = torch.randn(B, T, D, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn_like(x)
     w = (torch.randn(W, D, device="cuda") * .5).bfloat16()
-    b = torch.randn(D, device="cuda", dtype=torch.bfloat16)
-    gb = B * T * D * 2 / 1e6
+    return x, torch.randn_like(x), w, torch.randn(D, device="cuda", dtype=torch.bfloat16), B * T * D * 2 / 1e6
+
+
+def main(quick: bool = False) -> None:
+    x, dy, w, b, gb = inputs()
     base = {k: dict(v) for k, v in L.TUNE.items()}
     copy_ms = do_bench(lambda: x.clone(), warmup=25, rep=200)
     print(f"copy: {copy_ms:.4f} ms {2 * gb / copy_ms:.0f} GB/s", flush=True)

@@ -12,12 +12,13 @@ table is built once instead.
 sees (the common case: both import ``triton.language``); anything else goes through Triton's own code. The
 kernels run the same interpreted operations either way. Only Triton 3.6's interpreter is touched (version
 and names checked); otherwise :func:`install` does nothing, as it does with
-``MINDSPEED_OPS_INTERPRETER_SPEEDUP=0`` in the environment.
+``MINDSPEED_OPS_INTERPRETER_SPEEDUP=0`` (or false/off/no) in the environment.
 """
 from __future__ import annotations
 
 import inspect
-import os
+
+from .triton_utils import env_switch
 
 _state = {"installed": False, "langs": None}  # langs: lang modules patched by the running launch (None: no launch)
 
@@ -32,7 +33,7 @@ def install() -> bool:
     """Install the skip (idempotent). Returns whether it is active."""
     if _state["installed"]:
         return True
-    if os.environ.get("MINDSPEED_OPS_INTERPRETER_SPEEDUP", "1") == "0":  # Triton's interpreter as shipped
+    if not env_switch("MINDSPEED_OPS_INTERPRETER_SPEEDUP"):  # off: Triton's interpreter as shipped
         return False
     try:
         import triton.language as tl
