@@ -96,14 +96,15 @@ def _layout(x: torch.Tensor, cu_seqlens: Optional[torch.Tensor], validate: bool)
 
 #: streaming-kernel tiling per direction: ``vec`` channels per thread (capped at 16 bytes; halved for
 #: W > 4 to bound the register windows), ``warps`` per program, ``r`` rows unrolled per block (their
-#: loads are issued together), ``maxnreg`` registers per thread (None: the compiler's choice; 128 keeps
-#: four 4-warp programs per SM; ``maxnreg_edges`` applies when an initial state or a final-state
-#: gradient adds the slot loads, which need more), ``programs_per_sm``: the stream length CS is chosen
-#: so that the grid has about this many programs per SM (a power of two in [r, cs_max]).
-#: Values: the fastest of benchmarks/tune_conv.py on the H200 (B4 T4096 D8192 W4 bf16, 2026-11-30):
-#: forward 0.180 ms (70% of copy), backward 0.299 ms (64%).
+#: loads are issued together; at most 4 for W > 4, where 8 spills), ``maxnreg`` registers per thread
+#: (None: the compiler's choice; 128 keeps four 4-warp programs per SM; ``maxnreg_edges`` applies when an
+#: initial state or a final-state gradient adds the slot loads, which need more), ``programs_per_sm``: the
+#: stream length CS is chosen so that the grid has about this many programs per SM (a power of two in
+#: [r, cs_max]).
+#: Values: the fastest of benchmarks/tune_conv.py on the H200 (B4 T4096 D8192 W4 bf16; 2026-12-02, with the
+#: MUFU sigmoid): forward 0.1475 ms (89% of a same-run copy), backward 0.277 ms (71%).
 TUNE = {
-    "fwd": {"vec": 8, "warps": 4, "r": 4, "maxnreg": None, "maxnreg_edges": None, "programs_per_sm": 8,
+    "fwd": {"vec": 8, "warps": 8, "r": 8, "maxnreg": None, "maxnreg_edges": None, "programs_per_sm": 4,
             "cs_max": 1024},
     "bwd": {"vec": 4, "warps": 4, "r": 4, "maxnreg": 128, "maxnreg_edges": 168, "programs_per_sm": 4,
             "cs_max": 1024},
@@ -117,12 +118,12 @@ def _plan(kind: str, B: int, T: int, D: int, W: int, elem_size: int, device: tor
     ``num_warps``/``maxnreg``. ``edges``: an initial state or a final-state gradient is read."""
     cfg = TUNE[kind]
     vec = max(1, min(cfg["vec"], 16 // elem_size))
-    if W > 4:
-        vec = max(1, vec // 2)
+    r = cfg["r"]
+    if W > 4:  # wider windows: fewer registers per window row, fewer unrolled rows (R 8 spills)
+        vec, r = max(1, vec // 2), min(r, 4)
     warps = cfg["warps"]
     bd = min(max(16, tu.next_power_of_2(D)), 32 * vec)
     g = max(1, warps * 32 * vec // bd)
-    r = cfg["r"]
     chunks = max(1, tu.cdiv(cfg["programs_per_sm"] * tu.num_sms(device), tu.cdiv(D, bd)))
     cs = tu.cdiv(max(1, B * T), chunks * g)
     cs = min(max(r, 1 << max(0, round(math.log2(cs)))), cfg["cs_max"], tu.cdiv(tu.cdiv(max(T, 1), g), r) * r)

@@ -30,7 +30,7 @@ Under the interpreter every call of a jit helper costs milliseconds, so each blo
 import triton
 import triton.language as tl
 
-from ...triton_utils import sigmoid_f32
+from ...triton_utils import sigmoid_fast_f32
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def _preact_taps(taps, ws, bias, W: tl.constexpr, HAS_BIAS: tl.constexpr):
 def _act_grad(a, dy, SILU: tl.constexpr):
     """Gradient at the pre-activation: ``dy · silu'(a)`` (or ``dy`` without activation)."""
     if SILU:
-        sg = sigmoid_f32(a)
+        sg = sigmoid_fast_f32(a)
         dy = dy * (sg * (1.0 + a * (1.0 - sg)))
     return dy
 
@@ -147,7 +147,7 @@ def _fwd_block_fast(win, r0, T, xb, yb, rb, cols, cm, ws, bias, sxt, srt, D,
         a = _preact_taps(taps, ws, bias, W, HAS_BIAS)
         y = a
         if SILU:
-            y = a * sigmoid_f32(a)
+            y = a * sigmoid_fast_f32(a)
         if HAS_RES:
             y += rs[r].to(tl.float32)
         tl.store(yb + (t * D)[:, None] + cols, y.to(yb.dtype.element_ty), mask=(t < T)[:, None] & cm)
@@ -181,7 +181,7 @@ def _fwd_block_generic(win, r0, b, T, end, xb, yb, rb, s_ptr, cu_ptr, seq_ptr, c
         a = _preact_taps(taps, ws, bias, W, HAS_BIAS)
         y = a
         if SILU:
-            y = a * sigmoid_f32(a)
+            y = a * sigmoid_fast_f32(a)
         if HAS_RES:
             y += tl.load(rb + (t * srt)[:, None] + cols, mask=ok[:, None] & cm, other=0.0).to(tl.float32)
         y = tl.where(ok[:, None], y, 0.0)  # rows past cu_seqlens[N] get 0
