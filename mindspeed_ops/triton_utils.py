@@ -149,8 +149,8 @@ def _jit_helpers() -> dict:
         return 1.0 / (1.0 + tl.exp(-x))
 
     global _COMPILED
-    # constexpr: the helpers are compiled (not interpreted), so inline PTX is available
-    _COMPILED = tl.constexpr(isinstance(i64, triton.runtime.JITFunction))
+    # constexpr: the helpers are compiled (not interpreted) on an NVIDIA build, so inline PTX is available
+    _COMPILED = tl.constexpr(isinstance(i64, triton.runtime.JITFunction) and torch.version.hip is None)
 
     @triton.jit
     def sigmoid_fast_f32(x):
