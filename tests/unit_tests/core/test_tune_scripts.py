@@ -21,3 +21,14 @@ def test_tune_script_runs_on_cpu(args):
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "failed" not in out.stdout and "best:" in out.stdout, out.stdout[-3000:]
+
+
+def test_sass_loops_counts_the_conv_loops():
+    """benchmarks/sass_loops.py (no GPU: interpreter recording, sm_90 compile, nvdisasm): the conv forward's loop
+    is found and carries no exp or division fix-ups (sigmoid_fast_f32)."""
+    out = subprocess.run([sys.executable, "benchmarks/sass_loops.py", "--op", "causal_conv1d"], cwd=ROOT,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    fwd = out.stdout.split("causal_conv1d_bwd_kernel")[0]
+    assert "causal_conv1d_fwd_kernel" in fwd and "loop .L_x_" in fwd, out.stdout
+    assert "'exp fix-ups': 0, 'div fix-ups': 0" in fwd, out.stdout

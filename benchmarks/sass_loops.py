@@ -1,0 +1,140 @@
+"""Instruction counts of an operator's Triton kernels in their sm_90 SASS, without a GPU: where a loop spends its
+instructions (the seventeenth session found causal_conv1d's loops long, a third of them range fix-ups of
+``tl.exp`` and ``/``; docs/benchmarks/s17/).
+
+    python3 benchmarks/sass_loops.py --op causal_conv1d [--arch 90] [--out DIR]
+
+The launches of one forward+backward at a representative shape are recorded under the CPU interpreter (a child
+process, ``compile_check.Recorder(dry=True)``: nothing runs; fp16 recorded, swapped to bf16; 132 SMs, as the H200),
+compiled here with ``triton.compile`` and disassembled with ``nvdisasm`` from Triton's wheel. Per kernel: registers and spills, the
+MUFU ex2/rcp count, the exp (``FSETP < -126``) and division (``FSETP > 2^126``) fix-ups, and every loop (a label
+to its back-branch) with its instruction count. ``--out`` keeps the SASS files.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+_INSTR = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def _run_op(op: str) -> None:
+    """One forward+backward of ``op`` at the shape its issue's benchmark uses (T short: T only sizes the grid)."""
+    import torch
+    import torch.nn.functional as F
+
+    from mindspeed_ops import api
+    dt = torch.float16
+    if op == "causal_conv1d":
+        x = torch.randn(4, 4096, 8192, dtype=dt, requires_grad=True)
+        w = torch.randn(4, 8192, dtype=dt, requires_grad=True)
+        y = api.causal_conv1d(x, w, activation="silu")[0]
+        y.backward(torch.randn_like(y))
+        return
+    B, T, H, HV, K = 1, 1024, 16, 32, 128
+    q, k = (torch.randn(B, T, H, K, dtype=dt, requires_grad=True) for _ in range(2))
+    v = torch.randn(B, T, HV, K, dtype=dt, requires_grad=True)
+    beta = torch.rand(B, T, HV, dtype=dt).requires_grad_()
+    if op == "chunk_kda":
+        g = (-torch.rand(B, T, HV, K) * 0.1).requires_grad_()
+        o = api.chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
+    else:
+        g = F.logsigmoid(torch.rand(B, T, HV)).requires_grad_()
+        o = api.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
+    o.backward(torch.randn_like(o))
+
+
+def record(op: str, path: str) -> None:
+    """(child process, interpreter) the op's launches, one per kernel, as bf16 launches in ``path``."""
+    from mindspeed_ops import compile_check as cc
+    from mindspeed_ops import triton_utils as tu
+    tu.num_sms = lambda device: 132  # the H200's: the launchers size their grids (and tiles) by it
+    with cc.Recorder(dry=True) as rec:
+        _run_op(op)
+    seen, out = set(), []
+    for launch in rec.launches:
+        if launch.qualname not in seen:
+            seen.add(launch.qualname)
+            out.append(cc.as_bf16(launch).to_dict())
+    with open(path, "w") as f:
+        json.dump(out, f)
+
+
+def loops(sass: str) -> list:
+    """``(label, instructions, MUFU count)`` of every loop: a label and the backward branch to it."""
+    lines = sass.split("\n")
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", line))}
+    out = []
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+        if m and labels.get(m.group(1), i) < i:
+            body = [b for b in lines[labels[m.group(1)]:i + 1] if _INSTR.match(b)]
+            if len(body) > 1:
+                out.append((m.group(1), len(body), sum("MUFU" in b for b in body)))
+    return sorted(out, key=lambda t: -t[1])
+
+
+def summary(sass: str) -> dict:
+    ops = [m.group(1) for line in sass.split("\n") if (m := _INSTR.match(line))]
+    return {"instructions": len(ops), "MUFU.EX2": ops.count("MUFU.EX2"), "MUFU.RCP": ops.count("MUFU.RCP"),
+            "exp fix-ups": 3 * len(re.findall(r"FSETP\S* P\d+, PT, R\d+, -126", sass)),
+            "div fix-ups": len(re.findall(r"FSETP\S* P\d+, PT, R\d+, 8\.507", sass))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--op", required=True, choices=["causal_conv1d", "chunk_kda", "chunk_gated_delta_rule"])
+    ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--out", help="keep the .sass files here")
+    ap.add_argument("--record", help=argparse.SUPPRESS)  # internal: the interpreter child writes the launches here
+    args = ap.parse_args()
+    if args.record:
+        record(args.op, args.record)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "launches.json")
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--op", args.op, "--record", path], env=env,
+                       check=True)
+        with open(path) as f:
+            launches = json.load(f)
+    os.environ["TRITON_INTERPRET"] = "0"
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import convert_to_tuple_if_list
+
+    from mindspeed_ops import compile_check as cc
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    for d in launches:
+        launch = cc.Launch.from_dict(d)
+        fn = cc._resolve_kernel(launch.module, launch.qualname, launch.file)
+        sig = {k: convert_to_tuple_if_list(json.loads(json.dumps(v))) for k, v in launch.signature.items()}
+        src = ASTSource(fn, sig, {cc._path_tuple(p): cc._decode(v) for p, v in launch.constexprs.items()},
+                        {cc._path_tuple(p): v for p, v in launch.attrs.items()})
+        kernel = triton.compile(src, target=GPUTarget("cuda", args.arch, 32), options=dict(launch.options))
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+            cubin.write(kernel.asm["cubin"])
+            cubin.flush()
+            sass = subprocess.run([nvdisasm, "-c", cubin.name], capture_output=True, text=True, check=True).stdout
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, f"{launch.qualname}.sass"), "w") as f:
+                f.write(sass)
+        usage = cc.resource_usage(kernel.asm["cubin"], kernel.asm.get("ptx"), args.arch)
+        names = launch.arg_names
+        constexprs = {names[int(p)]: cc._decode(v) for p, v in launch.constexprs.items() if p.isdigit()}
+        print(f"{launch.qualname} {launch.options} {constexprs}")
+        print(f"  regs {usage.get('regs')} spills {usage.get('spill_stores')} {summary(sass)}")
+        for label, n, mufu in loops(sass):
+            print(f"  loop {label}: {n} instructions, {mufu} MUFU")
+
+
+if __name__ == "__main__":
+    main()
