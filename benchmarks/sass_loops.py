@@ -106,19 +106,12 @@ def main() -> None:
             launches = json.load(f)
     os.environ["TRITON_INTERPRET"] = "0"
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import convert_to_tuple_if_list
 
     from mindspeed_ops import compile_check as cc
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     for d in launches:
         launch = cc.Launch.from_dict(d)
-        fn = cc._resolve_kernel(launch.module, launch.qualname, launch.file)
-        sig = {k: convert_to_tuple_if_list(json.loads(json.dumps(v))) for k, v in launch.signature.items()}
-        src = ASTSource(fn, sig, {cc._path_tuple(p): cc._decode(v) for p, v in launch.constexprs.items()},
-                        {cc._path_tuple(p): v for p, v in launch.attrs.items()})
-        kernel = triton.compile(src, target=GPUTarget("cuda", args.arch, 32), options=dict(launch.options))
+        kernel = cc.compile_kernel(launch, args.arch)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
             cubin.write(kernel.asm["cubin"])
             cubin.flush()
@@ -128,9 +121,7 @@ def main() -> None:
             with open(os.path.join(args.out, f"{launch.qualname}.sass"), "w") as f:
                 f.write(sass)
         usage = cc.resource_usage(kernel.asm["cubin"], kernel.asm.get("ptx"), args.arch)
-        names = launch.arg_names
-        constexprs = {names[int(p)]: cc._decode(v) for p, v in launch.constexprs.items() if p.isdigit()}
-        print(f"{launch.qualname} {launch.options} {constexprs}")
+        print(f"{launch.qualname} {launch.options_str()} {launch.constexpr_str()}")
         print(f"  regs {usage.get('regs')} spills {usage.get('spill_stores')} {summary(sass)}")
         for label, n, mufu in loops(sass):
             print(f"  loop {label}: {n} instructions, {mufu} MUFU")

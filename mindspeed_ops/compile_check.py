@@ -997,34 +997,40 @@ def _captured_output():
             os.close(saved[1])
 
 
+def compile_kernel(launch: Launch, arch: int):
+    """Triton's compiled kernel (``.asm["cubin"]``, ``["ptx"]``, ``.metadata``) of ``launch`` for ``sm_<arch>``,
+    built in this process (needs ``TRITON_INTERPRET=0`` at import). Raises what the compiler raises."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import convert_to_tuple_if_list
+
+    fn = _resolve_kernel(launch.module, launch.qualname, launch.file)
+    signature = {k: convert_to_tuple_if_list(json.loads(json.dumps(v))) for k, v in launch.signature.items()}
+    constexprs = {_path_tuple(p): _decode(v) for p, v in launch.constexprs.items()}
+    attrs = {_path_tuple(p): v for p, v in launch.attrs.items()}
+    src = ASTSource(fn, signature, constexprs, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(launch.options))
+
+
 def compile_one(launch: Launch, arch: int) -> CompileResult:
     """Compile ``launch`` for ``sm_<arch>`` in this process (needs ``TRITON_INTERPRET=0`` at import).
 
     Never raises: a compiler error, or shared memory / registers over the arch's limits, gives
     ``ok=False`` with the message in ``error``.
     """
-    import triton
     from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     t0 = time.perf_counter()
     res = CompileResult(launch, arch, ok=False)
     log = ""
     try:
-        fn = _resolve_kernel(launch.module, launch.qualname, launch.file)
-        from triton.runtime.jit import convert_to_tuple_if_list
-
-        signature = {k: convert_to_tuple_if_list(json.loads(json.dumps(v))) for k, v in launch.signature.items()}
-        constexprs = {_path_tuple(p): _decode(v) for p, v in launch.constexprs.items()}
-        attrs = {_path_tuple(p): v for p, v in launch.attrs.items()}
-        src = ASTSource(fn, signature, constexprs, attrs)
         saved_dump = knobs.nvidia.dump_ptxas_log
         knobs.nvidia.dump_ptxas_log = True  # ptxas -v output: registers and spills at no extra cost
         try:
             with _captured_output() as read:
                 try:
-                    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(launch.options))
+                    kernel = compile_kernel(launch, arch)
                 finally:
                     log = read()
         finally:
