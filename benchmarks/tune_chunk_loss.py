@@ -1,0 +1,117 @@
+"""chunk_loss forward+backward against its rows per chunk, beside the three GEMMs it cannot avoid and
+torch.compile of linear + cross-entropy: median ms (``triton.testing.do_bench``) and peak extra memory of
+``torch.autograd.grad(chunk_loss(...), (hidden, weight))``, then a kernel table of the default.
+
+    python3 benchmarks/tune_chunk_loss.py [--N 8192] [--Hd 4096] [--V 151936] [--chunk-sizes 0 512 1024]
+    python3 benchmarks/tune_chunk_loss.py --device cpu --N 48 --Hd 32 --V 100 --chunk-sizes 0 16   # script check
+
+``0`` in ``--chunk-sizes`` is the default (``chunk_size=None``). Every size's gradients are checked against
+the default's (rel-RMS); a size whose check fails prints ``failed``.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mindspeed_ops.api import chunk_loss  # noqa: E402
+from mindspeed_ops.testing import rel_rms  # noqa: E402
+
+
+def _time(fn, dev: str) -> float:
+    """Median ms (do_bench on CUDA; one timed call on CPU, where the figure means nothing)."""
+    if dev != "cuda":
+        fn()
+        return float("nan")
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=3, rep=30, return_mode="median")
+
+
+def _peak_extra_mib(fn, dev: str) -> float:
+    if dev != "cuda":
+        return float("nan")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--N", type=int, default=8192, help="tokens")
+    ap.add_argument("--Hd", type=int, default=4096, help="hidden size")
+    ap.add_argument("--V", type=int, default=151936, help="vocabulary")
+    ap.add_argument("--chunk-sizes", type=int, nargs="+", default=[0, 512, 1024, 2048])
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
+    ap.add_argument("--device", default="cuda", help="cpu: a check of the script itself (TRITON_INTERPRET=1)")
+    a = ap.parse_args()
+    dev = a.device
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    torch.manual_seed(0)
+    hidden = (torch.randn(a.N, a.Hd, device=dev) * 0.5).to(dt).requires_grad_()
+    weight = (torch.randn(a.V, a.Hd, device=dev) * a.Hd ** -0.5).to(dt).requires_grad_()
+    labels = torch.randint(0, a.V, (a.N,), device=dev)
+    flop = 3 * 2 * a.N * a.Hd * a.V
+    print(f"chunk_loss N={a.N} Hd={a.Hd} V={a.V} {dt} on {dev}; torch {torch.__version__}; "
+          f"three GEMMs {flop / 1e12:.2f} TFLOP", flush=True)
+
+    def step(cs):
+        loss = chunk_loss(hidden, weight, labels, chunk_size=cs or None)
+        return torch.autograd.grad(loss, (hidden, weight))
+
+    # the floor: logits, dhidden and dweight products alone (bf16 out, cuBLAS)
+    G = torch.randn(a.N, a.V, device=dev).to(dt)
+    h, W = hidden.detach(), weight.detach()
+    gemms = {"h @ W^T": lambda: h @ W.t(), "G @ W": lambda: G @ W, "G^T @ h": lambda: G.t() @ h}
+    total = 0.0
+    for name, fn in gemms.items():
+        ms = _time(fn, dev)
+        total += ms
+        print(f"  {name:8s}: {ms:8.3f} ms", flush=True)
+    print(f"  three GEMMs: {total:.3f} ms ({flop / (total * 1e-3) / 1e12:.0f} TFLOP/s)", flush=True)
+    del G
+
+    ref = step(0)
+    best = None
+    for cs in a.chunk_sizes:
+        out = step(cs)
+        err = max(rel_rms(o.float(), r.float()) for o, r in zip(out, ref))
+        ok = err <= (1e-6 if dt == torch.float32 else 2e-2)
+        ms = _time(lambda: step(cs), dev)
+        mib = _peak_extra_mib(lambda: step(cs), dev)
+        label = "default" if not cs else f"chunk_size={cs}"
+        print(f"  {label:16s}: {ms:8.3f} ms  peak extra {mib:8.0f} MiB  rel_rms vs default {err:.1e}"
+              f"{'' if ok else '  failed'}", flush=True)
+        if ok and (best is None or ms < best[0]):
+            best = (ms, label)
+    print(f"best: {best}", flush=True)
+
+    if dev == "cuda" and not a.no_compile:
+        def eager(hh, ww, yy):
+            logits = hh @ ww.t()
+            return torch.nn.functional.cross_entropy(logits.float(), yy)
+
+        comp = torch.compile(eager)
+
+        def comp_step():
+            return torch.autograd.grad(comp(hidden, weight, labels), (hidden, weight))
+
+        comp_step()
+        print(f"  torch.compile   : {_time(comp_step, dev):8.3f} ms  peak extra "
+              f"{_peak_extra_mib(comp_step, dev):8.0f} MiB", flush=True)
+
+    if dev == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step(0)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=10))
+
+
+if __name__ == "__main__":
+    main()
