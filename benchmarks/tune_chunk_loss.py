@@ -2,11 +2,13 @@
 torch.compile of linear + cross-entropy: median ms (``triton.testing.do_bench``) and peak extra memory of
 ``torch.autograd.grad(chunk_loss(...), (hidden, weight))``, then a kernel table of the default.
 
-    python3 benchmarks/tune_chunk_loss.py [--N 8192] [--Hd 4096] [--V 151936] [--chunk-sizes 0 512 1024]
+    python3 benchmarks/tune_chunk_loss.py [--N 8192] [--Hd 4096] [--V 151936] [--chunk-sizes 0 512 1024 2048]
     python3 benchmarks/tune_chunk_loss.py --device cpu --N 48 --Hd 32 --V 100 --chunk-sizes 0 16   # script check
 
-``0`` in ``--chunk-sizes`` is the default (``chunk_size=None``). Every size's gradients are checked against
-the default's (rel-RMS); a size whose check fails prints ``failed``.
+``0`` in ``--chunk-sizes`` is the default (``chunk_size=None``; the rows it resolves to are printed). Every
+size's gradients are checked against the default's (rel-RMS); a size whose check fails prints ``failed`` and the
+script exits with status 1. Times: do_bench medians of about 30 calls (its ``rep`` is in ms, so it is scaled
+to one call's time). "peak extra" includes the returned gradients (dhidden, dweight).
 """
 import argparse
 import os
@@ -16,21 +18,34 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mindspeed_ops.api import chunk_loss  # noqa: E402
+from mindspeed_ops.ops.loss.chunk_loss import resolve_chunk_size  # noqa: E402
 from mindspeed_ops.testing import rel_rms  # noqa: E402
 
 
-def _time(fn, dev: str) -> float:
-    """Median ms (do_bench on CUDA; one timed call on CPU, where the figure means nothing)."""
-    if dev != "cuda":
+def _time(fn, dev: str, calls: int = 30) -> float:
+    """Median ms of about ``calls`` calls after two warm-up calls' worth of time (do_bench takes its warm-up and
+    repetition budgets in ms); on CPU one untimed call (NaN)."""
+    if not _on_cuda(dev):
         fn()
         return float("nan")
     from triton.testing import do_bench
 
-    return do_bench(fn, warmup=3, rep=30, return_mode="median")
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    one = max(start.elapsed_time(end), 1e-3)
+    return do_bench(fn, warmup=2 * one, rep=calls * one, return_mode="median")
+
+
+def _on_cuda(dev: str) -> bool:
+    return torch.device(dev).type == "cuda"
 
 
 def _peak_extra_mib(fn, dev: str) -> float:
-    if dev != "cuda":
+    if not _on_cuda(dev):
         return float("nan")
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -50,21 +65,24 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu: a check of the script itself (TRITON_INTERPRET=1)")
     a = ap.parse_args()
     dev = a.device
-    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    dt = torch.bfloat16 if _on_cuda(dev) else torch.float32
     torch.manual_seed(0)
     hidden = (torch.randn(a.N, a.Hd, device=dev) * 0.5).to(dt).requires_grad_()
     weight = (torch.randn(a.V, a.Hd, device=dev) * a.Hd ** -0.5).to(dt).requires_grad_()
     labels = torch.randint(0, a.V, (a.N,), device=dev)
     flop = 3 * 2 * a.N * a.Hd * a.V
+    if any(cs < 0 for cs in a.chunk_sizes):
+        raise SystemExit("tune_chunk_loss: --chunk-sizes takes 0 (the default) or positive row counts")
     print(f"chunk_loss N={a.N} Hd={a.Hd} V={a.V} {dt} on {dev}; torch {torch.__version__}; "
-          f"three GEMMs {flop / 1e12:.2f} TFLOP", flush=True)
+          f"three GEMMs {flop / 1e12:.2f} TFLOP; default chunk_size resolves to "
+          f"{resolve_chunk_size(a.N, a.V, a.Hd, None)} rows", flush=True)
 
     def step(cs):
         loss = chunk_loss(hidden, weight, labels, chunk_size=cs or None)
         return torch.autograd.grad(loss, (hidden, weight))
 
     # the floor: logits, dhidden and dweight products alone (bf16 out, cuBLAS)
-    G = torch.randn(a.N, a.V, device=dev).to(dt)
+    G = torch.randn(a.N, a.V, device=dev, dtype=dt)
     h, W = hidden.detach(), weight.detach()
     gemms = {"h @ W^T": lambda: h @ W.t(), "G @ W": lambda: G @ W, "G^T @ h": lambda: G.t() @ h}
     total = 0.0
@@ -76,7 +94,7 @@ def main() -> None:
     del G
 
     ref = step(0)
-    best = None
+    best, failed = None, False
     for cs in a.chunk_sizes:
         out = step(cs)
         err = max(rel_rms(o.float(), r.float()) for o, r in zip(out, ref))
@@ -86,11 +104,12 @@ def main() -> None:
         label = "default" if not cs else f"chunk_size={cs}"
         print(f"  {label:16s}: {ms:8.3f} ms  peak extra {mib:8.0f} MiB  rel_rms vs default {err:.1e}"
               f"{'' if ok else '  failed'}", flush=True)
-        if ok and (best is None or ms < best[0]):
+        failed |= not ok
+        if ok and (best is None or ms < best[0]):  # NaN on CPU: the first row stays
             best = (ms, label)
-    print(f"best: {best}", flush=True)
+    print(f"best: {best[1]} ({best[0]:.3f} ms)" if best else "best: none", flush=True)
 
-    if dev == "cuda" and not a.no_compile:
+    if _on_cuda(dev) and not a.no_compile:
         def eager(hh, ww, yy):
             logits = hh @ ww.t()
             return torch.nn.functional.cross_entropy(logits.float(), yy)
@@ -104,13 +123,15 @@ def main() -> None:
         print(f"  torch.compile   : {_time(comp_step, dev):8.3f} ms  peak extra "
               f"{_peak_extra_mib(comp_step, dev):8.0f} MiB", flush=True)
 
-    if dev == "cuda":
+    if _on_cuda(dev):
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             step(0)
             torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=10))
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=110))
+    if failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
