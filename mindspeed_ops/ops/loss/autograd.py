@@ -409,7 +409,7 @@ def chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
         chunk_size: rows per chunk (any positive int); ``None``: the largest power of two ``r`` with
             ``r·V <= N·Hd``, clamped to ``[min(N, 256), N]``. Larger chunks trade memory for speed where
             the fp32 ``dweight`` accumulator is re-read per group: at ``[16384, 4096] x 128256`` bf16 on
-            an H200, 2048 took 83 ms vs 109 ms for the default 512, with 245 MiB more peak memory
+            an H200, 2048 took 87 ms vs 110 ms for the default 512 (one run), with 245 MiB more peak memory
             (``benchmarks/tune_chunk_loss.py``, docs/benchmarks/losses.md).
         accum_dtype: dtype of the ``dweight``/``dbias`` accumulators across chunks (fp32 default;
             ``None``: the weight's dtype); results are cast once at the end.
