@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mindspeed_ops.api import chunk_loss  # noqa: E402
+from mindspeed_ops.atk.measure import peak_extra_bytes  # noqa: E402
 from mindspeed_ops.ops.loss.chunk_loss import resolve_chunk_size  # noqa: E402
 from mindspeed_ops.testing import rel_rms  # noqa: E402
 
@@ -45,14 +46,9 @@ def _on_cuda(dev: str) -> bool:
 
 
 def _peak_extra_mib(fn, dev: str) -> float:
-    if not _on_cuda(dev):
-        return float("nan")
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    """Peak extra MiB of one call (the ATK harness's measure); NaN on CPU."""
+    b = peak_extra_bytes(lambda _: fn(), "cuda" if _on_cuda(dev) else "cpu")
+    return float("nan") if b is None else b / 2 ** 20
 
 
 def main() -> None:
