@@ -126,7 +126,8 @@ def _setup(ctx, inputs, output):
     q, k, v, g, beta, scale, h0, output_final_state, use_l2, cu_seqlens, chunk_size = inputs[:11]
     cu_cpu = inputs[11] if len(inputs) > 11 else None  # eager callers may leave the defaulted hint out
     _, _, G, Akk, Aqk = output
-    # outputs kept only for backward get no gradient: None, not zero tensors filled on the device
+    # outputs kept only for backward: not differentiable, and no zero gradient tensors filled for them
+    ctx.mark_non_differentiable(G, Akk, Aqk)
     ctx.set_materialize_grads(False)
     ctx.scale, ctx.use_l2, ctx.chunk_size, ctx.has_final = scale, use_l2, chunk_size, output_final_state
     ctx.has_h0 = h0 is not None

@@ -43,7 +43,7 @@ def test_chunk_loss_backward_fills_no_saved_gradient():
 
 
 def test_gdn_kda_backward_fill_no_saved_intermediates():
-    B, T, H, K, V = 1, 40, 2, 16, 16
+    B, T, H, K, V = 1, 40, 2, 16, 8  # V != K: KDA's G [B, T, H, K] differs from o [B, T, H, V]
     q, k = (torch.randn(B, T, H, K, device=DEVICE, requires_grad=True) for _ in range(2))
     v = torch.randn(B, T, H, V, device=DEVICE, requires_grad=True)
     beta = torch.rand(B, T, H, device=DEVICE, requires_grad=True)
