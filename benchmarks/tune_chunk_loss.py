@@ -7,8 +7,8 @@ torch.compile of linear + cross-entropy: median ms (``triton.testing.do_bench``)
 
 ``0`` in ``--chunk-sizes`` is the default (``chunk_size=None``; the rows it resolves to are printed). Every
 size's gradients are checked against the default's (rel-RMS); a size whose check fails prints ``failed`` and the
-script exits with status 1. Times: do_bench medians of about 30 calls (its ``rep`` is in ms, so it is scaled
-to one call's time). "peak extra" includes the returned gradients (dhidden, dweight).
+script exits with status 1. Times: do_bench medians of about 30 calls (``bench_ms(min_calls=30)``: do_bench's
+``rep`` is in ms, so it is scaled to one call's time). "peak extra" includes the returned gradients (dhidden, dweight).
 """
 import argparse
 import os
@@ -18,27 +18,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mindspeed_ops.api import chunk_loss  # noqa: E402
-from mindspeed_ops.atk.measure import peak_extra_bytes  # noqa: E402
+from mindspeed_ops.atk.measure import bench_ms, peak_extra_bytes  # noqa: E402
 from mindspeed_ops.ops.loss.chunk_loss import resolve_chunk_size  # noqa: E402
 from mindspeed_ops.testing import rel_rms  # noqa: E402
 
 
-def _time(fn, dev: str, calls: int = 30) -> float:
-    """Median ms of about ``calls`` calls after two warm-up calls' worth of time (do_bench takes its warm-up and
-    repetition budgets in ms); on CPU one untimed call (NaN)."""
-    if not _on_cuda(dev):
-        fn()
-        return float("nan")
-    from triton.testing import do_bench
-
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    one = max(start.elapsed_time(end), 1e-3)
-    return do_bench(fn, warmup=2 * one, rep=calls * one, return_mode="median")
+def _time(fn, dev: str) -> float:
+    """Median ms of about 30 calls (the ATK harness's bench_ms); on CPU a few host-timed calls (meaningless)."""
+    return bench_ms(fn, "cuda" if _on_cuda(dev) else "cpu", min_calls=30).median_ms
 
 
 def _on_cuda(dev: str) -> bool:

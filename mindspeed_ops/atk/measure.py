@@ -94,13 +94,24 @@ class Timing:
     n: int
 
 
-def bench_ms(fn: Callable[[], Any], device: str, warmup: int = 25, rep: int = 100) -> Timing:
+def bench_ms(fn: Callable[[], Any], device: str, warmup: int = 25, rep: int = 100, min_calls: int = 1) -> Timing:
     """Median time of ``fn()`` in ms. CUDA: ``triton.testing.do_bench(fn, warmup, rep,
-    return_mode='all')`` (warmup/rep in ms; L2 flushed before each timed call). CPU: a few host-timed
-    calls after one warm-up call, only to exercise the plumbing."""
+    return_mode='all')`` (warmup/rep in ms; L2 flushed before each timed call); ``min_calls > 1`` widens ``rep``
+    to about that many calls of ``fn`` (timed once first), since a ``rep`` in ms times a slow ``fn`` only once or
+    twice. CPU: a few host-timed calls after one warm-up call, only to exercise the plumbing."""
     if device == "cuda":
         from triton.testing import do_bench
 
+        if min_calls > 1:
+            import torch
+
+            fn()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            rep = max(rep, min_calls * start.elapsed_time(end))
         times = do_bench(fn, warmup=warmup, rep=rep, return_mode="all")
     else:
         fn()

@@ -235,9 +235,10 @@ def _chunk_setup(ctx, inputs, output):
     (hidden, weight, labels, bias, loss_weight, ignore_index, reduction, eps, lam, softcap, chunk_size, cdt, adt,
      need_dh, need_dw, need_db) = inputs
     loss, lse, dh, dw, db = output
-    # outputs kept only for backward get no gradient: None, not zero tensors filled on the device
-    ctx.set_materialize_grads(False)
+    # outputs kept only for backward: not differentiable, and no zero gradient tensors filled for them (the
+    # loss, the only differentiable output, always has its gradient when backward runs)
     ctx.mark_non_differentiable(lse, dh, dw, db)
+    ctx.set_materialize_grads(False)
     ctx.reduction = reduction
     ctx.need = (need_dh, need_dw, need_db and bias is not None)
     if reduction == "none":
@@ -250,8 +251,6 @@ def _chunk_setup(ctx, inputs, output):
 
 def _chunk_backward(ctx, grad_loss, *_unused):
     need_dh, need_dw, need_db = ctx.need
-    if grad_loss is None:  # grads not materialized (_chunk_setup): the loss took no part in what is differentiated
-        return (None,) * 16
     if ctx.reduction == "none":
         hidden, weight, labels, bias, loss_weight, lse = ctx.saved_tensors
         dh, dw, db = call_op(ctx, chunk_bwd_op, grad_loss, hidden, weight, labels, bias, loss_weight, lse,
