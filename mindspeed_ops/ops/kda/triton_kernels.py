@@ -21,6 +21,7 @@ import triton.language as tl
 
 from ..gdn.triton_kernels import _chunk_bounds, _chunk_v_tile, _mm, _row_factor
 from ..gdn.triton_wy import _dot, _program
+from ...triton_utils import exp_fast_f32
 
 
 @triton.jit
@@ -45,7 +46,7 @@ def _dot_f32(a, b, EXACT: tl.constexpr):
 @triton.jit
 def _masked_exp(x, m):
     """``e^x`` where ``m``, 0 elsewhere; ``x`` is replaced by 0 before the exp where masked."""
-    return tl.where(m, tl.exp(tl.where(m, x, 0.0)), 0.0)
+    return tl.where(m, exp_fast_f32(tl.where(m, x, 0.0)), 0.0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -346,7 +347,7 @@ def kda_bwd_wy_dqkg_kernel(q_ptr, k_ptr, v_ptr, vn_ptr, g_ptr, beta_ptr, a_ptr, 
         b_dk = b_dks + b_bg * b_Tdw
         b_db += tl.sum(b_eg * b_k * b_Tdw, 1)
         b_dg = b_q * b_dq - b_k * b_dks + b_k * b_bg * b_Tdw
-        extra = tl.exp(g_last) * b_sds + tl.sum(b_k * b_dks, 0)
+        extra = exp_fast_f32(g_last) * b_sds + tl.sum(b_k * b_dks, 0)
         b_dg += tl.where(o[:, None] == last, extra[None, :], 0.0)
         tl.store(dq_ptr + x_off + d[None, :], b_dq, mask=mr)
         tl.store(dk_ptr + x_off + d[None, :], b_dk, mask=mr)
@@ -437,10 +438,10 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
             am_r = tl.load(am_base + row, mask=(in_g < t)[:, None] & ok_y, other=0.0)
             # exponent arguments masked to the pairs, so every exp is <= 1 or of 0; the other entries meet a zero
             # factor (masked loads) and need no outer where
-            e_c = tl.exp(tl.where(((in_g >= t) & vi)[:, None], b_ga - g_y, 0.0)) * k_y
+            e_c = exp_fast_f32(tl.where(((in_g >= t) & vi)[:, None], b_ga - g_y, 0.0)) * k_y
             b_Rq += aq_c * e_c
             b_Rk += am_c * e_c
-            e_r = tl.exp(tl.where(((in_g <= t)[:, None] & ok_y), g_y - b_ga, 0.0))
+            e_r = exp_fast_f32(tl.where(((in_g <= t)[:, None] & ok_y), g_y - b_ga, 0.0))
             b_C += e_r * (aq_r * q_y + (am_r * b_y) * k_y)
         # pairs across the 4-row groups of the block, by products through the later group's first row c
         # (e^{G_x − G_c} x e^{G_c − G_j}, both <= 1: SPEC 1.11's off-diagonal rule one level down)
@@ -483,7 +484,7 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
                 mj = dm[None, :] & (rj >= 0)[:, None]
                 b_k = tl.load(k_base + rj[:, None] * s_kt + d[None, :], mask=mj, other=0.0).to(tl.float32)
                 b_g = tl.load(g_base + rj[:, None] * s_gt + d[None, :], mask=mj, other=0.0).to(tl.float32)
-                b_kj = b_k * tl.exp(tl.where(mj, g_r[None, :] - b_g, 0.0))
+                b_kj = b_k * exp_fast_f32(tl.where(mj, g_r[None, :] - b_g, 0.0))
                 a_off = ri[:, None] * s_at + (jb * 16 + o16)[None, :]
                 b_aq = tl.load(aq_base + a_off, mask=vi[:, None], other=0.0)
                 b_am = tl.load(am_base + a_off, mask=vi[:, None], other=0.0)

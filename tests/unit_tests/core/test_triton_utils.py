@@ -39,12 +39,16 @@ def _row_sum_kernel(x_ptr, y_ptr, n_rows, stride, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _sigmoid_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, FAST: tl.constexpr = False):
+def _unary_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, OP: tl.constexpr = "sigmoid"):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     x = tl.load(x_ptr + offs, mask=m)
-    if FAST:
+    if OP == "sigmoid_fast":
         y = tu.sigmoid_fast_f32(x)
+    elif OP == "exp":
+        y = tl.exp(x)
+    elif OP == "exp_fast":
+        y = tu.exp_fast_f32(x)
     else:
         y = tu.sigmoid_f32(x)
     tl.store(y_ptr + offs, y, mask=m)
@@ -248,7 +252,7 @@ def test_i64_on_python_int_loop_variable():
 def test_sigmoid_f32():
     x = torch.linspace(-30, 30, 301, device=DEVICE)
     y = torch.empty_like(x)
-    _sigmoid_kernel[(tu.cdiv(301, 128),)](x, y, 301, BLOCK=128)
+    _unary_kernel[(tu.cdiv(301, 128),)](x, y, 301, BLOCK=128)
     torch.testing.assert_close(y, torch.sigmoid(x), rtol=1e-5, atol=1e-7)
 
 
@@ -262,8 +266,8 @@ def test_sigmoid_fast_f32():
     x = torch.cat([torch.linspace(-120, 120, 4001), torch.randn(4000) * 8, special]).to(DEVICE)
     n = x.numel()
     y, plain = torch.full_like(x, 7.0), torch.full_like(x, 7.0)
-    _sigmoid_kernel[(tu.cdiv(n, 128),)](x, y, n, BLOCK=128, FAST=True)
-    _sigmoid_kernel[(tu.cdiv(n, 128),)](x, plain, n, BLOCK=128)
+    _unary_kernel[(tu.cdiv(n, 128),)](x, y, n, BLOCK=128, OP="sigmoid_fast")
+    _unary_kernel[(tu.cdiv(n, 128),)](x, plain, n, BLOCK=128)
     exact = torch.sigmoid(x.double())
     # a few ulp, plus the rounding of x * log2(e) that 2^(...) scales by |x| (tl.exp has it too); 0 where the
     # exact value is subnormal (flush to zero)
@@ -278,6 +282,26 @@ def test_sigmoid_fast_f32():
         normal = plain.abs() >= 2.0 ** -126
         torch.testing.assert_close(y[normal], plain[normal], rtol=0, atol=0, equal_nan=True)
         assert bool((y[~normal & ~plain.isnan()] == 0).all())
+
+
+def test_exp_fast_f32():
+    """Equal to tl.exp wherever that is a normal number (compiled: bitwise; the same MUFU ex2 without the subnormal
+    fix-ups), 0 where it is subnormal; inf, 0 and NaN at the extremes."""
+    special = torch.tensor([0.0, -0.0, 1.0, -1.0, 88.0, 88.8, -87.0, -87.3, -87.4, -88.0, -103.0, -104.0, -1000.0,
+                            float("inf"), float("-inf"), float("nan")])
+    x = torch.cat([torch.linspace(-120, 90, 4001), torch.randn(4000) * 8, special]).to(DEVICE)
+    n = x.numel()
+    y, plain = torch.full_like(x, 7.0), torch.full_like(x, 7.0)
+    _unary_kernel[(tu.cdiv(n, 128),)](x, y, n, BLOCK=128, OP="exp_fast")
+    _unary_kernel[(tu.cdiv(n, 128),)](x, plain, n, BLOCK=128, OP="exp")
+    normal = plain.abs() >= 2.0 ** -126
+    torch.testing.assert_close(y[normal], plain[normal], rtol=0, atol=0, equal_nan=True)
+    assert bool((y[~normal & ~plain.isnan()].abs() < 2.0 ** -126).all())
+    assert y[-3:].isinf()[0] and y[-2] == 0 and y[-1].isnan()
+    exact = torch.exp(x.double())
+    ok = ((y.double() - exact).abs() <= exact * 2.0 ** -23 * (4 + 2 * x.double().abs())) | (exact < 2.0 ** -126)
+    ok |= (exact > torch.finfo(torch.float32).max) & y.isinf()  # overflow, as tl.exp
+    assert bool((ok | x.isnan() | x.isinf()).all()), x[~ok][:8].tolist()
 
 
 # ---------------------------------------------------------------------------------------------
