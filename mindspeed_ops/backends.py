@@ -234,6 +234,23 @@ def use_backend(name: str, ops: Optional[Iterable[str]] = None) -> Iterator[None
         _OVERRIDES.reset(token)
 
 
+def overrides() -> tuple:
+    """The ``use_backend`` choices in force here (an opaque value for :func:`with_overrides`)."""
+    return _OVERRIDES.get()
+
+
+@contextlib.contextmanager
+def with_overrides(saved: tuple) -> Iterator[None]:
+    """Run the enclosed code with the ``use_backend`` choices ``saved`` by :func:`overrides` elsewhere: a
+    backward runs with those of its forward (on CUDA autograd runs it on a thread of its own, which
+    does not see the caller's context)."""
+    token = _OVERRIDES.set(saved)
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
 _FAMILIES = ("activation", "norm", "norm.gated", "rope", "loss", "moe", "conv", "mhc", "gdn", "kda")
 _loaded = False
 

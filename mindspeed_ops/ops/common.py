@@ -9,6 +9,8 @@ from typing import Callable, Iterator, Optional, Sequence
 import torch
 from torch._C import DispatchKey
 
+from .. import backends
+
 # Keys a custom op's body runs with excluded (it is dispatched below autograd); the reference
 # backward needs them back to record a graph through the reference.
 _AUTOGRAD_KEYS = tuple(getattr(DispatchKey, n) for n in (
@@ -135,13 +137,15 @@ def eager_autograd(op, setup_context: Callable, backward: Callable) -> Callable:
         @staticmethod
         def forward(ctx, *args):
             ctx.eager = True
+            ctx.overrides = backends.overrides()
             out = fwd(*args)
             setup_context(ctx, args, out)
             return out
 
         @staticmethod
         def backward(ctx, *grads):
-            return backward(ctx, *grads)
+            with backends.with_overrides(ctx.overrides):  # the backends that ran the forward
+                return backward(ctx, *grads)
 
     EagerFunction.__name__ = EagerFunction.__qualname__ = f"{op._name}_eager"
 

@@ -10,8 +10,9 @@ traces through them:
 - ``fused_cross_entropy_loss_bwd`` (new gradient) and ``fused_cross_entropy_loss_bwd_inplace``
   (writes the gradient into ``logits``, declared as a mutation, so the version counter is bumped).
 - ``chunk_loss(hidden [N, Hd], weight, labels, bias, loss_weight, ..., need_*) -> (loss, lse, dhidden,
-  dweight, dbias)``: for ``mean``/``sum`` the gradients of ``Σ w_i·ℓ_i`` are computed in forward when
-  asked for; backward scales them by ``g/Σw`` or ``g``. ``chunk_loss_bwd`` recomputes for ``none``.
+  dweight, dbias)``: for ``mean``/``sum`` the gradients of ``Σ w_i·ℓ_i`` (divided by ``Σw`` for a bf16/fp32
+  mean) are computed in forward when asked for; backward scales them by ``g`` (``g/Σw`` for an fp16 mean),
+  in place in eager mode when the graph is freed. ``chunk_loss_bwd`` recomputes for ``none``.
 """
 from __future__ import annotations
 
@@ -54,10 +55,10 @@ def _ref_chunk_forward(hidden, weight, labels, bias, loss_weight, ignore_index, 
         loss, lse = _ref.chunk_loss_core(hidden, weight, labels, bias, loss_weight, ignore_index, reduction, eps, lam,
                                          softcap, cdt, chunk_size)
     grads = (None, None, None)
-    if reduction != "none" and (need_dh or need_dw or need_db):  # gradients of the sum of the row losses
+    if reduction != "none" and (need_dh or need_dw or need_db):  # of the sum of the row losses (or mean, folded)
         grads = _ref.chunk_loss_grads(torch.ones((), device=hidden.device), hidden, weight, labels, bias, loss_weight,
-                                      ignore_index, "sum", eps, lam, softcap, cdt, chunk_size,
-                                      (need_dh, need_dw, need_db))
+                                      ignore_index, "mean" if _chunk.folds_mean(reduction, cdt) else "sum", eps, lam,
+                                      softcap, cdt, chunk_size, (need_dh, need_dw, need_db))
     return (loss.to(torch.float32), lse.to(torch.float32), *grads)
 
 
@@ -231,6 +232,25 @@ def _(x, s):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+def _scale_in_place(ctx) -> bool:
+    """Whether backward may scale the saved gradients in place and hand them on: an eager forward (nothing
+    traced), no ``create_graph`` and a graph freed after this backward (not ``retain_graph``, which would
+    scale them again next time). The graph task's flag is a private PyTorch function: without it, never."""
+    if not getattr(ctx, "eager", False) or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    try:
+        return keep_graph is not None and not keep_graph()
+    except RuntimeError:  # not inside a graph task
+        return False
+
+
+def _scale_(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    if backends.implementation(CHUNK, x.device).backend == "reference":
+        return x.copy_(x.to(torch.float32) * s.to(torch.float32))
+    return _chunk.scale_(x, s)
+
+
 def _chunk_setup(ctx, inputs, output):
     (hidden, weight, labels, bias, loss_weight, ignore_index, reduction, eps, lam, softcap, chunk_size, cdt, adt,
      need_dh, need_dw, need_db) = inputs
@@ -240,6 +260,7 @@ def _chunk_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(lse, dh, dw, db)
     ctx.set_materialize_grads(False)
     ctx.reduction = reduction
+    ctx.folded = _chunk.folds_mean(reduction, cdt)
     ctx.need = (need_dh, need_dw, need_db and bias is not None)
     if reduction == "none":
         ctx.save_for_backward(hidden, weight, labels, bias, loss_weight, lse)
@@ -257,11 +278,16 @@ def _chunk_backward(ctx, grad_loss, *_unused):
                              *ctx.opts, need_dh, need_dw, need_db)
     else:
         dh, dw, db, labels, loss_weight = ctx.saved_tensors
-        # the forward computed the gradients of Σ w_i·ℓ_i; scale by g/Σw (mean) or g (sum), a 0-dim tensor
-        if ctx.reduction == "mean":
+        # the forward computed the gradients of Σ w_i·ℓ_i (of the mean if folded); scale by g (sum, folded
+        # mean) or g/Σw (fp16 mean), a 0-dim tensor
+        if ctx.reduction == "mean" and not ctx.folded:
             grad_loss = grad_loss / _chunk.safe_denominator(labels, loss_weight, ctx.ignore_index)
-        dh, dw, db = (call_op(ctx, chunk_scale_op, t, grad_loss) if need else None
-                      for t, need in ((dh, need_dh), (dw, need_dw), (db, need_db)))
+        if _scale_in_place(ctx):
+            dh, dw, db = (_scale_(t, grad_loss) if need else None
+                          for t, need in ((dh, need_dh), (dw, need_dw), (db, need_db)))
+        else:
+            dh, dw, db = (call_op(ctx, chunk_scale_op, t, grad_loss) if need else None
+                          for t, need in ((dh, need_dh), (dw, need_dw), (db, need_db)))
     return (dh if need_dh else None, dw if need_dw else None, None, db if need_db else None,
             None, None, None, None, None, None, None, None, None, None, None, None)
 

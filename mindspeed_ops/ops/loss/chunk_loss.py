@@ -13,8 +13,9 @@ Group size (the memory plan, SPEC 1.8 bound ``2·r·V·4 + V·Hd·4`` bytes beyo
 - else groups of ``Kg`` rows (a multiple of ``r``) sized to what the bound leaves beside the
   ``accum_dtype`` accumulator (``Kg = 2r`` for bf16 with an fp32 accumulator).
 
-``mean``/``sum``: everything runs in forward with the row scale ``w_i`` (gradients of ``Σ w_i·ℓ_i``);
-backward only multiplies the saved gradients by ``g/Σw`` (mean) or ``g`` (sum), a 0-dim tensor.
+``mean``/``sum``: everything runs in forward with the row scale ``w_i`` (gradients of ``Σ w_i·ℓ_i``), times
+``1/Σw`` for ``mean`` in bf16/fp32 (:func:`folds_mean`); backward only multiplies the saved gradients by the
+0-dim ``g`` (``g/Σw`` for an fp16 ``mean``), in place where autograd frees them afterwards (:func:`scale_`).
 ``none``: forward computes the loss only; backward recomputes each chunk's logits and folds the
 per-token upstream gradient into ``G``.
 """
@@ -159,6 +160,27 @@ def addmm_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 # the sweep over chunks
 
 
+#: forward with gradients: ``ce_fwd_grad_split_kernel`` (each logit read once; tuning switch for the benchmarks)
+SPLIT_ROWS = True
+
+
+def ce_block(V: int) -> tuple[int, int]:
+    """(BLOCK, num_warps) of the row kernel over a chunk's fp32 logits; fixed per ``V`` (SPEC 0.6).
+
+    A chunk has few rows (one program each, 256 at the target shape), so each program needs many bytes in
+    flight. H200 sweep, [256, 151936] fp32 with dlogits (nineteenth session, proto in docs/benchmarks/s19):
+    8192 x 8 warps 104 µs, 8192 x 16 103, 4096 x 8 117, 2048 x 4 160."""
+    block = min(tu.next_power_of_2(V), 8192)
+    return block, (8 if block >= 2048 else 4)
+
+
+def folds_mean(reduction: str, compute_dtype: torch.dtype) -> bool:
+    """Whether the forward's gradients already carry ``1/Σw`` (``mean``), so that backward multiplies by the
+    upstream gradient alone, usually exactly 1 (nothing to do). Not for fp16, whose dlogits ``p·w/Σw`` would
+    fall below its normal range (bf16 and fp32 have fp32's exponent range)."""
+    return reduction == "mean" and compute_dtype != torch.float16
+
+
 def _sweep(hidden, weight, labels, bias, loss_weight, ignore_index, label_smoothing, lse_square_scale, softcap,
            r, compute_dtype, accum_dtype, need_dh, need_dw, need_db, *, loss_rows=None, lse=None, scale=None,
            grad=None):
@@ -178,9 +200,11 @@ def _sweep(hidden, weight, labels, bias, loss_weight, ignore_index, label_smooth
     opts = (ignore_index, label_smoothing, lse_square_scale, softcap)
     want = need_dh or need_dw or need_db
     r = max(1, min(r, max(N, 1)))
-    block = ce.fwd_block(V, torch.float32)
+    block = ce_block(V)
 
-    dh = dw = db = acc = db_acc = gbuf = None
+    dh = dw = db = acc = db_acc = gbuf = sync = None
+    if grad is None and want and SPLIT_ROWS:  # the split kernel's counters, every chunk's zeroed at once
+        sync = torch.zeros(tu.cdiv(N, r), r + 1, dtype=torch.int32, device=dev)
     kg = max(N, 1)
     if want:
         gdt = tu.kernel_dtype(compute_dtype)
@@ -203,7 +227,10 @@ def _sweep(hidden, weight, labels, bias, loss_weight, ignore_index, label_smooth
             logits = mm(h[c0:c1], Wt, torch.float32)
             layout = (n, 0, V)
             rows_w = None if w is None else w[c0:c1]
-            if grad is None:
+            if grad is None and want and SPLIT_ROWS:
+                ce.launch_fwd_split(logits, n, V, lab[c0:c1], rows_w, b32, loss_rows[c0:c1], lse[c0:c1], *opts,
+                                    dx=gbuf[c0 - g0:c1 - g0], scale=scale, block=block, sync=sync[c0 // r, :n + 1])
+            elif grad is None:
                 ce.launch_fwd(logits, layout, n, V, lab[c0:c1], rows_w, b32, loss_rows[c0:c1], lse[c0:c1], *opts,
                               dx=gbuf[c0 - g0:c1 - g0] if want else None, scale=scale, block=block)
             else:
@@ -232,19 +259,36 @@ def _sweep(hidden, weight, labels, bias, loss_weight, ignore_index, label_smooth
     return dh, dw, db
 
 
+def _launch_scale(xk: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> None:
+    from .triton_kernels import scale_kernel
+
+    n = xk.numel()
+    if n:
+        block = 4096
+        s32 = s.reshape(1).to(device=xk.device, dtype=torch.float32)  # a host scalar is accepted too
+        # at most 2048 programs (of 4096 elements): enough to stream at copy speed on an H200 (132 SMs)
+        scale_kernel[(min(tu.cdiv(n, block), 2048),)](xk, s32, y, n, IN_PLACE=y is xk, BLOCK=block, num_warps=8)
+
+
 def scale(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """``x·s`` for a 0-dim fp32 ``s`` on the device: fp32 product, one rounding to ``x.dtype`` (a bf16
     ``torch.mul`` on CUDA may round ``s`` to bf16 first). No host synchronisation."""
-    from .triton_kernels import scale_kernel
-
     xk = tu.kernel_input(x).contiguous()
     y = torch.empty(x.shape, dtype=tu.kernel_dtype(x.dtype), device=x.device)
-    n = x.numel()
-    if n:
-        block = 4096
-        s32 = s.reshape(1).to(device=x.device, dtype=torch.float32)  # a host scalar is accepted too
-        scale_kernel[(tu.cdiv(n, block),)](xk, s32, y, n, BLOCK=block, num_warps=8)
+    _launch_scale(xk, s, y)
     return tu.finish(y, x.dtype)
+
+
+def scale_(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """``x *= s`` in place (contiguous ``x``), as :func:`scale`; where ``s`` is exactly 1 on the device the
+    kernel reads and writes nothing (the usual ``loss.backward()``), still without a host synchronisation."""
+    if not x.is_contiguous():
+        raise ValueError(f"{OP}: in-place scaling needs a contiguous tensor, got strides {tuple(x.stride())}")
+    xk = tu.kernel_input(x)
+    _launch_scale(xk, s, xk)
+    if xk is not x:  # the interpreter's fp32 stand-in for bf16
+        x.copy_(xk)
+    return x
 
 
 def safe_denominator(labels: torch.Tensor, loss_weight: Optional[torch.Tensor], ignore_index: int) -> torch.Tensor:
@@ -270,9 +314,12 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bi
     lse = torch.empty(N, dtype=torch.float32, device=dev)
     pre = reduction != "none"
     need = (need_dhidden and pre, need_dweight and pre, need_dbias and pre and bias is not None)
-    # the gradients are computed for the *sum* of the row losses (row scale w_i); backward applies
-    # g/Σw (mean) or g (sum): no tiny 1/Σw factor is folded into the fp16/bf16 dlogits
-    scale = torch.ones(1, dtype=torch.float32, device=dev) if any(need) else None
+    # the gradients are computed for the *sum* of the row losses (row scale w_i), times 1/Σw for a folded
+    # mean (folds_mean); backward applies the rest: g (sum, folded mean) or g/Σw (fp16 mean)
+    scale = None
+    if any(need):
+        scale = (1.0 / safe_denominator(labels, loss_weight, ignore_index)).reshape(1) \
+            if folds_mean(reduction, compute_dtype) else torch.ones(1, dtype=torch.float32, device=dev)
     with autocast_off(dev.type):
         dh, dw, db = _sweep(hidden, weight, labels, bias, loss_weight, ignore_index, label_smoothing,
                             lse_square_scale, softcap, chunk_size, compute_dtype, accum_dtype, *need,

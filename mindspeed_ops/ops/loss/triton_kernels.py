@@ -6,7 +6,7 @@ Two row kernels serve both operators:
   keeps a running scalar max and a per-lane sum of ``exp(z - max)`` (one ``exp`` per element, one
   cross-warp reduction per block, the sum reduced once at the end), and the per-lane sum of ``z``
   for label smoothing. It writes ``lse`` and the weighted row loss. With ``WRITE_GRAD`` (chunk_loss,
-  ``mean``/``sum`` under autograd) a second sweep over the same row writes ``dlogits`` right away.
+  ``mean``/``sum`` under autograd) a second sweep over the same row, from its end back, writes ``dlogits``.
 - :func:`ce_bwd_kernel`: grid ``(rows, column blocks)``; re-reads a block of logits and writes
   ``dlogits = c_i·[p·(1+2λ·lse) − ε/V − (1−ε)·[j=y]]·(softcap chain)`` with the per-row scale
   ``c_i = w_i·g_i`` read row by row. Ignored rows read nothing and write zeros.
@@ -61,18 +61,10 @@ def _load_x(x_row, b_ptr, cols, mask, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _grad_block(x_row, b_ptr, cols, mask, label, lse, c, coef, eps_over_v, one_minus_eps, softcap, inv_softcap,
-                HAS_BIAS: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
-    """``c·[p·coef − ε/V − (1−ε)·[j=y]]`` (times the soft-cap chain) for one block, in fp32.
-
-    The true-class entry is this one fp32 expression, rounded once by the caller's store.
-    """
-    x = _load_x(x_row, b_ptr, cols, mask, HAS_BIAS)
-    if HAS_SOFTCAP:
-        t, sech2 = _tanh_sech2(x * inv_softcap)
-        z = softcap * t
-    else:
-        z = x
+def _grad_z(z, sech2, cols, label, lse, c, coef, eps_over_v, one_minus_eps,
+            HAS_SMOOTHING: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+    """``c·[p·coef − ε/V − (1−ε)·[j=y]]`` (times the soft-cap chain ``sech2``) from the capped logits ``z``,
+    in fp32. The true-class entry is this one fp32 expression, rounded once by the caller's store."""
     d = tl.exp(z - lse) * coef - tl.where(cols == label, one_minus_eps, 0.0)
     if HAS_SMOOTHING:
         d = d - eps_over_v
@@ -80,6 +72,53 @@ def _grad_block(x_row, b_ptr, cols, mask, label, lse, c, coef, eps_over_v, one_m
     if HAS_SOFTCAP:
         d = d * sech2
     return d
+
+
+@triton.jit
+def _load_z(x_row, b_ptr, cols, mask, softcap, inv_softcap, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+    """(capped logits ``z``, ``1 − tanh²`` or 1) of a block, in fp32."""
+    x = _load_x(x_row, b_ptr, cols, mask, HAS_BIAS)
+    if HAS_SOFTCAP:
+        t, sech2 = _tanh_sech2(x * inv_softcap)
+        return softcap * t, sech2
+    return x, 1.0
+
+
+@triton.jit
+def _grad_block(x_row, b_ptr, cols, mask, label, lse, c, coef, eps_over_v, one_minus_eps, softcap, inv_softcap,
+                HAS_BIAS: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+    """:func:`_grad_z` of one block read from memory."""
+    z, sech2 = _load_z(x_row, b_ptr, cols, mask, softcap, inv_softcap, HAS_BIAS, HAS_SOFTCAP)
+    return _grad_z(z, sech2, cols, label, lse, c, coef, eps_over_v, one_minus_eps, HAS_SMOOTHING, HAS_SOFTCAP)
+
+
+@triton.jit
+def _row_loss(x_row, b_ptr, w_ptr, row, label, lse, sz, V, ignore_index, eps, lam, softcap, inv_softcap,
+              HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+              HAS_ZLOSS: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+    """(``w·ℓ`` of a row: 0 if ignored, NaN for a label outside ``[0, V)``; ``w``; ``inrange``) from its ``lse``
+    and ``sz`` = the sum of its capped logits (label smoothing)."""
+    valid = label != ignore_index
+    inrange = (label >= 0) & (label < V)
+    y = tl.where(inrange, label, 0)
+    x_y = tl.load(x_row + y).to(tl.float32)
+    if HAS_BIAS:
+        x_y += tl.load(b_ptr + y).to(tl.float32)
+    if HAS_SOFTCAP:
+        z_y = softcap * _tanh(x_y * inv_softcap)
+    else:
+        z_y = x_y
+    loss = (1.0 - eps) * (lse - z_y)
+    if HAS_SMOOTHING:
+        loss += eps * (lse - sz / V)
+    if HAS_ZLOSS:
+        loss += lam * lse * lse
+    w = 1.0
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + row).to(tl.float32)
+    loss = loss * w
+    loss = tl.where(inrange, loss, float("nan"))
+    return tl.where(valid, loss, 0.0), w, inrange
 
 
 @triton.jit
@@ -120,26 +159,11 @@ def ce_fwd_kernel(x_ptr, b_ptr, labels_ptr, w_ptr, g_ptr, loss_ptr, lse_ptr, dx_
 
     label = tl.load(labels_ptr + row).to(tl.int64)
     valid = label != ignore_index
-    inrange = (label >= 0) & (label < V)
-    y = tl.where(inrange, label, 0)
-    x_y = tl.load(x_row + y).to(tl.float32)
-    if HAS_BIAS:
-        x_y += tl.load(b_ptr + y).to(tl.float32)
-    if HAS_SOFTCAP:
-        z_y = softcap * _tanh(x_y * inv_softcap)
-    else:
-        z_y = x_y
-    loss = (1.0 - eps) * (lse - z_y)
+    sz = 0.0
     if HAS_SMOOTHING:
-        loss += eps * (lse - tl.sum(sz_vec, 0) / V)
-    if HAS_ZLOSS:
-        loss += lam * lse * lse
-    w = 1.0
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + row).to(tl.float32)
-    loss = loss * w
-    loss = tl.where(inrange, loss, float("nan"))
-    loss = tl.where(valid, loss, 0.0)
+        sz = tl.sum(sz_vec, 0)
+    loss, w, inrange = _row_loss(x_row, b_ptr, w_ptr, row, label, lse, sz, V, ignore_index, eps, lam, softcap,
+                                 inv_softcap, HAS_BIAS, HAS_WEIGHT, HAS_SMOOTHING, HAS_ZLOSS, HAS_SOFTCAP)
     tl.store(loss_ptr + row, loss)
     tl.store(lse_ptr + row, lse)
 
@@ -152,13 +176,86 @@ def ce_fwd_kernel(x_ptr, b_ptr, labels_ptr, w_ptr, g_ptr, loss_ptr, lse_ptr, dx_
         eps_over_v = eps / V
         one_minus_eps = 1.0 - eps
         dx_row = dx_ptr + row * stride_dx
-        for start in range(0, V, BLOCK):
-            cols = start + offs
+        # last block first: the end of the row, read last by the first sweep, is the likeliest still in L2
+        n_blocks = tl.cdiv(V, BLOCK)
+        for i in range(0, n_blocks):
+            cols = (n_blocks - 1 - i) * BLOCK + offs
             mask = cols < V
             d = _grad_block(x_row, b_ptr, cols, mask & valid, label, lse, c, coef, eps_over_v, one_minus_eps,
                             softcap, inv_softcap, HAS_BIAS, HAS_SMOOTHING, HAS_SOFTCAP)
             d = tl.where(valid, d, 0.0)
             tl.store(dx_row + cols, d.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def ce_fwd_grad_split_kernel(x_ptr, b_ptr, labels_ptr, w_ptr, g_ptr, loss_ptr, lse_ptr, dx_ptr, part_ptr, sync_ptr,
+                             V, stride_x, stride_g, stride_dx, ignore_index, eps, lam, softcap, inv_softcap,
+                             HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+                             HAS_ZLOSS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, SPLITS: tl.constexpr,
+                             STAGE: tl.constexpr, BLOCK: tl.constexpr):
+    """:func:`ce_fwd_kernel` with ``WRITE_GRAD`` for contiguous rows, reading each logit once: one program per
+    ``BLOCK`` of a row (``cdiv(V, BLOCK)`` programs a row, ``SPLITS`` that count rounded up to a power of 2).
+
+    A program keeps its block in registers, writes its partial (max, Σexp, Σz) to ``part [rows, SPLITS, 3]``,
+    waits until every block of its row has done so (a counter per row in ``sync [1 + rows]``, int32, zeroed),
+    combines the partials in a fixed order into ``lse`` and writes its block's dlogits; the row's first
+    block also writes ``loss`` and ``lse``. Programs take their block from a ticket counter (``sync[0]``), so
+    the blocks a program waits for belong to programs that run already or start next: a row's programs only
+    need to fit on the device together. ``STAGE`` 0: all of it in one launch (GPU); 1 then 2: the same work in
+    two launches without waiting (the interpreter runs programs one after another), stage 2 re-reading its block.
+    """
+    n_split = tl.cdiv(V, BLOCK)
+    if STAGE == 0:
+        ticket = tl.atomic_add(sync_ptr, 1)
+    else:
+        ticket = tl.program_id(0)
+    row = (ticket // n_split).to(tl.int64)
+    sp = ticket % n_split
+    x_row = x_ptr + row * stride_x
+    cols = sp * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < V
+    z, sech2 = _load_z(x_row, b_ptr, cols, mask, softcap, inv_softcap, HAS_BIAS, HAS_SOFTCAP)
+    part = part_ptr + row * (SPLITS * 3)
+    if STAGE != 2:
+        zm = tl.where(mask, z, float("-inf"))
+        m = tl.max(zm, 0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        tl.store(part + sp * 3, m)
+        tl.store(part + sp * 3 + 1, tl.sum(tl.exp(zm - m_safe), 0))
+        if HAS_SMOOTHING:
+            tl.store(part + sp * 3 + 2, tl.sum(tl.where(mask, z, 0.0), 0))
+    if STAGE == 0:
+        tl.debug_barrier()  # every thread's partial stored before the release below
+        tl.atomic_add(sync_ptr + 1 + row, 1, sem="release")
+        arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
+        while arrived < n_split:
+            arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
+    if STAGE != 1:
+        ps = tl.arange(0, SPLITS)
+        have = ps < n_split
+        pm = tl.load(part + ps * 3, mask=have, other=float("-inf"), volatile=True)
+        pss = tl.load(part + ps * 3 + 1, mask=have, other=0.0, volatile=True)
+        M = tl.max(pm, 0)
+        M_safe = tl.where(M == float("-inf"), 0.0, M)
+        lse = M_safe + tl.log(tl.sum(pss * tl.exp(pm - M_safe), 0))
+        label = tl.load(labels_ptr + row).to(tl.int64)
+        valid = label != ignore_index
+        sz = 0.0
+        if HAS_SMOOTHING:
+            sz = tl.sum(tl.load(part + ps * 3 + 2, mask=have, other=0.0, volatile=True), 0)
+        loss, w, inrange = _row_loss(x_row, b_ptr, w_ptr, row, label, lse, sz, V, ignore_index, eps, lam, softcap,
+                                     inv_softcap, HAS_BIAS, HAS_WEIGHT, HAS_SMOOTHING, HAS_ZLOSS, HAS_SOFTCAP)
+        if sp == 0:
+            tl.store(loss_ptr + row, loss)
+            tl.store(lse_ptr + row, lse)
+        c = w * tl.load(g_ptr + row * stride_g).to(tl.float32)
+        c = tl.where(inrange, c, float("nan"))
+        coef = 1.0
+        if HAS_ZLOSS:
+            coef = 1.0 + 2.0 * lam * lse
+        d = _grad_z(z, sech2, cols, label, lse, c, coef, eps / V, 1.0 - eps, HAS_SMOOTHING, HAS_SOFTCAP)
+        d = tl.where(valid, d, 0.0)
+        tl.store(dx_ptr + row * stride_dx + cols, d.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -192,10 +289,16 @@ def ce_bwd_kernel(x_ptr, b_ptr, labels_ptr, w_ptr, g_ptr, lse_ptr, dx_ptr,
 
 
 @triton.jit
-def scale_kernel(x_ptr, s_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    """``y = x·s`` with the scalar ``s`` read from device memory in fp32, one rounding (contiguous x, y)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+def scale_kernel(x_ptr, s_ptr, y_ptr, n, IN_PLACE: tl.constexpr, BLOCK: tl.constexpr):
+    """``y = x·s`` with the scalar ``s`` read from device memory in fp32, one rounding (contiguous x, y;
+    ``IN_PLACE``: ``y`` is ``x``). Grid-stride over blocks, so that in place with ``s == 1`` (nothing to
+    read or write) a few thousand programs exit at once instead of one per block."""
     s = tl.load(s_ptr).to(tl.float32)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs, (x * s).to(y_ptr.dtype.element_ty), mask=mask)
+    if IN_PLACE:
+        n = tl.where(s != 1.0, n, 0)
+    offs = tl.arange(0, BLOCK)
+    step = tl.num_programs(0).to(tl.int64) * BLOCK
+    for start in range(tl.program_id(0).to(tl.int64) * BLOCK, n, step):
+        mask = start + offs < n
+        x = tl.load(x_ptr + start + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + start + offs, (x * s).to(y_ptr.dtype.element_ty), mask=mask)

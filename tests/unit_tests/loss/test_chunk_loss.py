@@ -302,6 +302,60 @@ def test_deterministic():
     assert all(torch.equal(a, c) for a, c in zip(*outs))
 
 
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_upstream_gradient_scaling_in_place(reduction, dtype, backend, monkeypatch):
+    """mean/sum scale the forward's gradients by g in backward, in place when the graph is freed (a factor of
+    exactly 1 reads and writes nothing on the device), out of place under retain_graph, which may run again."""
+    h, W, b, y, w = _inputs((37,), 24, 130, dtype, seed=21, bias=True, weights=True)
+    calls = []
+    real = launch.scale_
+    monkeypatch.setattr(launch, "scale_", lambda x, s: calls.append(x.shape) or real(x, s))
+    with mindspeed_ops.use_backend(backend):
+        for g in (1.0, 0.37):  # freed graph: in place (the Triton launcher) for every needed gradient
+            calls.clear()
+            _check(h, W, b, y, w, g=torch.tensor(g, device=DEVICE), reduction=reduction, chunk_size=8)
+            assert len(calls) == (3 if backend == "triton" else 0)
+        calls.clear()
+        hh, WW, bb = (t.detach().requires_grad_(True) for t in (h, W, b))
+        loss = chunk_loss(hh, WW, y, bb, w, reduction=reduction, chunk_size=8)
+        grads = []
+        for g in (1.0, 2.5, 1.0):  # retained graph: the saved gradients stay as the forward made them
+            grads.append(torch.autograd.grad(loss, (hh, WW, bb), torch.tensor(g, device=DEVICE), retain_graph=True))
+        assert not calls
+        for a, c in zip(grads[0], grads[2]):
+            assert torch.equal(a, c)
+        for a, c in zip(grads[0], grads[1]):
+            assert_close("2.5 x gradient", a.double() * 2.5, c, "E-bwd")
+
+
+def test_backward_runs_with_the_forwards_backend(monkeypatch):
+    """use_backend around the forward holds for its backward too, wherever that runs (on CUDA autograd runs
+    backward on a thread of its own, which does not see the caller's context; here: a backward called
+    after the ``with`` block, and one called from another thread)."""
+    import threading
+
+    h, W, b, y, w = _inputs((9,), 12, 40, torch.float32, seed=22, bias=True)
+    calls = []
+    monkeypatch.setattr(launch, "scale_", lambda x, s: calls.append(1) or x)
+    monkeypatch.setattr(launch, "scale", lambda x, s: calls.append(1) or x)
+    for how in ("after", "thread"):
+        hh, WW = h.detach().requires_grad_(True), W.detach().requires_grad_(True)
+        with mindspeed_ops.use_backend("reference"):
+            loss = chunk_loss(hh, WW, y, chunk_size=4)
+        if how == "after":
+            loss.backward()
+        else:
+            t = threading.Thread(target=loss.backward)
+            t.start()
+            t.join()
+        assert not calls and hh.grad is not None
+        hr, Wr = h.detach().double().requires_grad_(True), W.detach().double().requires_grad_(True)
+        ref.chunk_loss(hr, Wr, y).backward()
+        assert_close("dhidden", hr.grad, hh.grad, "E-bwd")
+
+
 def test_reference_backend_matches():
     h, W, b, y, w = _inputs((10,), 12, 40, torch.float32, seed=18, bias=True, weights=True)
     for red in ("mean", "none"):
