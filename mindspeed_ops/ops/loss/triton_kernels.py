@@ -78,10 +78,12 @@ def _grad_z(z, sech2, cols, label, lse, c, coef, eps_over_v, one_minus_eps,
 def _load_z(x_row, b_ptr, cols, mask, softcap, inv_softcap, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
     """(capped logits ``z``, ``1 − tanh²`` or 1) of a block, in fp32."""
     x = _load_x(x_row, b_ptr, cols, mask, HAS_BIAS)
+    z = x
+    sech2 = 1.0
     if HAS_SOFTCAP:
         t, sech2 = _tanh_sech2(x * inv_softcap)
-        return softcap * t, sech2
-    return x, 1.0
+        z = softcap * t
+    return z, sech2
 
 
 @triton.jit
