@@ -160,16 +160,14 @@ def addmm_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 # the sweep over chunks
 
 
-#: forward with gradients: ``ce_fwd_grad_split_kernel`` (each logit read once; tuning switch for the benchmarks)
-SPLIT_ROWS = True
-
-
 def ce_block(V: int) -> tuple[int, int]:
     """(BLOCK, num_warps) of the row kernel over a chunk's fp32 logits; fixed per ``V`` (SPEC 0.6).
 
     A chunk has few rows (one program each, 256 at the target shape), so each program needs many bytes in
     flight. H200 sweep, [256, 151936] fp32 with dlogits (nineteenth session, proto in docs/benchmarks/s19):
-    8192 x 8 warps 104 µs, 8192 x 16 103, 4096 x 8 117, 2048 x 4 160."""
+    8192 x 8 warps 104 µs, 8192 x 16 103, 4096 x 8 117, 2048 x 4 160. Reading each logit once instead (one
+    program per block of a row, kept in registers while it waits for the rest of its row: s19/split_rows_kernel.patch)
+    measured slower, 105.8 µs at best vs 102.2 in the same run."""
     block = min(tu.next_power_of_2(V), 8192)
     return block, (8 if block >= 2048 else 4)
 
@@ -202,9 +200,7 @@ def _sweep(hidden, weight, labels, bias, loss_weight, ignore_index, label_smooth
     r = max(1, min(r, max(N, 1)))
     block = ce_block(V)
 
-    dh = dw = db = acc = db_acc = gbuf = sync = None
-    if grad is None and want and SPLIT_ROWS:  # the split kernel's counters, every chunk's zeroed at once
-        sync = torch.zeros(tu.cdiv(N, r), r + 1, dtype=torch.int32, device=dev)
+    dh = dw = db = acc = db_acc = gbuf = None
     kg = max(N, 1)
     if want:
         gdt = tu.kernel_dtype(compute_dtype)
@@ -227,10 +223,7 @@ def _sweep(hidden, weight, labels, bias, loss_weight, ignore_index, label_smooth
             logits = mm(h[c0:c1], Wt, torch.float32)
             layout = (n, 0, V)
             rows_w = None if w is None else w[c0:c1]
-            if grad is None and want and SPLIT_ROWS:
-                ce.launch_fwd_split(logits, n, V, lab[c0:c1], rows_w, b32, loss_rows[c0:c1], lse[c0:c1], *opts,
-                                    dx=gbuf[c0 - g0:c1 - g0], scale=scale, block=block, sync=sync[c0 // r, :n + 1])
-            elif grad is None:
+            if grad is None:
                 ce.launch_fwd(logits, layout, n, V, lab[c0:c1], rows_w, b32, loss_rows[c0:c1], lse[c0:c1], *opts,
                               dx=gbuf[c0 - g0:c1 - g0] if want else None, scale=scale, block=block)
             else:

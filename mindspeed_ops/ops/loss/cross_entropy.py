@@ -165,35 +165,6 @@ def launch_fwd(x: torch.Tensor, layout: tuple[int, int, int], n_rows: int, V: in
         **_flags(bias, loss_weight, label_smoothing, lse_square_scale, softcap))
 
 
-def launch_fwd_split(x: torch.Tensor, n_rows: int, V: int, labels: torch.Tensor,
-                     loss_weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], loss: torch.Tensor,
-                     lse: torch.Tensor, ignore_index: int, label_smoothing: float, lse_square_scale: float,
-                     softcap: Optional[float], dx: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
-                     sync: Optional[torch.Tensor] = None) -> None:
-    """:func:`launch_fwd` with ``dx`` through :func:`ce_fwd_grad_split_kernel`: each logit read once, for rows
-    of unit column stride (``x [n_rows, V]``, any row stride). ``sync``: ``1 + n_rows`` zeroed int32, used up
-    by the launch (made here if None)."""
-    from .triton_kernels import ce_fwd_grad_split_kernel
-
-    if n_rows == 0:
-        return
-    BLOCK, nw = block
-    n_split = tu.cdiv(V, BLOCK)
-    splits = tu.next_power_of_2(n_split)
-    part = torch.empty(n_rows, splits, 3, dtype=torch.float32, device=x.device)
-    if sync is None:
-        sync = torch.zeros(1 + n_rows, dtype=torch.int32, device=x.device)
-    cap, inv_cap = _scalars(softcap)
-    args = (x, bias if bias is not None else x, labels, loss_weight if loss_weight is not None else loss, scale, loss,
-            lse, dx, part, sync, V, x.stride(0), 0, dx.stride(0), int(ignore_index), float(label_smoothing),
-            float(lse_square_scale), cap, inv_cap)
-    flags = _flags(bias, loss_weight, label_smoothing, lse_square_scale, softcap)
-    # the interpreter runs programs one by one: a program cannot wait for another, so two launches
-    for stage in ((1, 2) if tu.interpreting() else (0,)):
-        ce_fwd_grad_split_kernel[(n_rows * n_split,)](*args, SPLITS=splits, STAGE=stage, BLOCK=BLOCK, num_warps=nw,
-                                                      **flags)
-
-
 def launch_bwd(x: torch.Tensor, layout: tuple[int, int, int], dx: torch.Tensor, dx_layout: tuple[int, int, int],
                n_rows: int, V: int, labels: torch.Tensor, loss_weight: Optional[torch.Tensor],
                bias: Optional[torch.Tensor], grad: torch.Tensor, lse: torch.Tensor, ignore_index: int,
