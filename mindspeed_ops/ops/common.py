@@ -116,6 +116,40 @@ def unit_last_stride(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return t
 
 
+def bump_version(t: torch.Tensor) -> None:
+    """Tell autograd that ``t`` was written in place. The eager path runs an op's body directly (a
+    Triton kernel writing through the data pointer), which bypasses the dispatcher's version-counter
+    bump; without it a tensor saved for backward elsewhere and then overwritten would silently give a
+    wrong gradient instead of PyTorch's "modified by an inplace operation" error. Bumping twice (when
+    the op was dispatched) is harmless. Under torch.compile the functionalized op takes care of it."""
+    if not torch.compiler.is_compiling():
+        torch.autograd.graph.increment_version(t)
+
+
+def pin_backends(cls):
+    """Class decorator for a ``torch.autograd.Function`` (``forward(ctx, ...)`` style): its backward runs
+    with the ``use_backend`` choices in force at its forward. On CUDA autograd runs backward on a thread
+    of its own, which does not see the caller's context, so without this a backward would take the
+    device's default backend whatever the forward ran. Traced (torch.compile) forwards record nothing."""
+    fwd, bwd = cls.forward, cls.backward
+
+    def forward(ctx, *args, **kwargs):
+        if not torch.compiler.is_compiling():
+            ctx.overrides = backends.overrides()
+        return fwd(ctx, *args, **kwargs)
+
+    def backward(ctx, *grads):
+        saved = getattr(ctx, "overrides", None)
+        if saved is None:
+            return bwd(ctx, *grads)
+        with backends.with_overrides(saved):
+            return bwd(ctx, *grads)
+
+    forward.__wrapped__, backward.__wrapped__ = fwd, bwd
+    cls.forward, cls.backward = staticmethod(forward), staticmethod(backward)
+    return cls
+
+
 def eager_autograd(op, setup_context: Callable, backward: Callable) -> Callable:
     """Call path of a custom op with autograd that is cheap in eager mode.
 
@@ -133,19 +167,18 @@ def eager_autograd(op, setup_context: Callable, backward: Callable) -> Callable:
     """
     fwd = op._init_fn
 
+    @pin_backends  # the backward runs with the backends that ran the forward
     class EagerFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *args):
             ctx.eager = True
-            ctx.overrides = backends.overrides()
             out = fwd(*args)
             setup_context(ctx, args, out)
             return out
 
         @staticmethod
         def backward(ctx, *grads):
-            with backends.with_overrides(ctx.overrides):  # the backends that ran the forward
-                return backward(ctx, *grads)
+            return backward(ctx, *grads)
 
     EagerFunction.__name__ = EagerFunction.__qualname__ = f"{op._name}_eager"
 

@@ -20,7 +20,7 @@ import torch
 from ... import backends
 from ...validation import (check_choice, check_cu_seqlens, check_same_device, check_tensor, reject_float64,
                            shape_str)
-from ..common import call_op, eager_autograd, reference_vjp, run_op
+from ..common import call_op, eager_autograd, pin_backends, reference_vjp, run_op
 from . import causal_conv1d as _launch
 from . import reference as _ref
 
@@ -122,6 +122,7 @@ def _norm_activation(activation):
     return "silu" if activation == "swish" else activation
 
 
+@pin_backends
 class CausalConv1dFunction(torch.autograd.Function):
     """MindSpeed-compatible autograd Function: ``CausalConv1dFunction.apply(x, weight, bias, residual,
     initial_state, activation, cu_seqlens, output_final_state) -> (y, final_state or None)``; same

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from ... import backends
-from ..common import call_op, eager_autograd, run_op
+from ..common import bump_version, call_op, eager_autograd, pin_backends, run_op
 from . import chunk_loss as _chunk
 from . import cross_entropy as _ce
 from . import reference as _ref
@@ -232,11 +232,20 @@ def _(x, s):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def _scale_in_place(ctx) -> bool:
+def _scale_in_place(ctx, grad_loss: torch.Tensor) -> bool:
     """Whether backward may scale the saved gradients in place and hand them on: an eager forward (nothing
-    traced), no ``create_graph`` and a graph freed after this backward (not ``retain_graph``, which would
-    scale them again next time). The graph task's flag is a private PyTorch function: without it, never."""
+    traced), no ``create_graph``, a plain upstream gradient (not one of functorch's batched/vmapped
+    wrappers, nor a subclass) and a graph freed after this backward (not ``retain_graph``, which would
+    scale them again next time). The graph task's flag is a private PyTorch function: without it, never.
+    Each tensor scaled in place also has its version bumped, so that a backward that still runs twice (a
+    retried task whose first try failed after this node) raises PyTorch's in-place error, not a gradient
+    scaled twice."""
     if not getattr(ctx, "eager", False) or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    ft = torch._C._functorch
+    if type(grad_loss) is not torch.Tensor or any(
+            getattr(ft, f, lambda t: False)(grad_loss) for f in
+            ("is_batchedtensor", "is_legacy_batchedtensor", "is_functorch_wrapped_tensor")):
         return False
     keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
     try:
@@ -248,7 +257,9 @@ def _scale_in_place(ctx) -> bool:
 def _scale_(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     if backends.implementation(CHUNK, x.device).backend == "reference":
         return x.copy_(x.to(torch.float32) * s.to(torch.float32))
-    return _chunk.scale_(x, s)
+    _chunk.scale_(x, s)
+    bump_version(x)  # the kernel wrote through the data pointer
+    return x
 
 
 def _chunk_setup(ctx, inputs, output):
@@ -282,12 +293,11 @@ def _chunk_backward(ctx, grad_loss, *_unused):
         # mean) or g/Σw (fp16 mean), a 0-dim tensor
         if ctx.reduction == "mean" and not ctx.folded:
             grad_loss = grad_loss / _chunk.safe_denominator(labels, loss_weight, ctx.ignore_index)
-        if _scale_in_place(ctx):
-            dh, dw, db = (_scale_(t, grad_loss) if need else None
-                          for t, need in ((dh, need_dh), (dw, need_dw), (db, need_db)))
-        else:
-            dh, dw, db = (call_op(ctx, chunk_scale_op, t, grad_loss) if need else None
-                          for t, need in ((dh, need_dh), (dw, need_dw), (db, need_db)))
+        in_place = _scale_in_place(ctx, grad_loss)
+        # a saved-tensor hook may hand back a non-contiguous tensor: that one is scaled into a new one
+        dh, dw, db = ((_scale_(t, grad_loss) if in_place and t.is_contiguous()
+                       else call_op(ctx, chunk_scale_op, t, grad_loss)) if need else None
+                      for t, need in ((dh, need_dh), (dw, need_dw), (db, need_db)))
     return (dh if need_dh else None, dw if need_dw else None, None, db if need_db else None,
             None, None, None, None, None, None, None, None, None, None, None, None)
 
@@ -391,6 +401,7 @@ class FusedCrossEntropyLoss(torch.nn.Module):
                 f"softcap={self.softcap}, inplace_backward={self.inplace_backward}")
 
 
+@pin_backends
 class FusedCrossEntropyLossFunction(torch.autograd.Function):
     """MindSpeed-compatible autograd Function: ``FusedCrossEntropyLossFunction.apply(logits, loss_weight,
     labels) -> loss``, the fp32 scalar ``Σ_i w_i·ℓ_i`` over non-ignored rows (``ignore_index=-100``, no

@@ -17,7 +17,7 @@ from typing import Callable, Sequence, Union
 import torch
 
 from ... import backends
-from ..common import call_op, reference_vjp
+from ..common import call_op, pin_backends, reference_vjp
 from . import reference as _ref
 from . import sort_chunks as _launch
 
@@ -126,6 +126,7 @@ def _backward(ctx, dout):
 sort_chunks_op.register_autograd(_backward, setup_context=_setup)
 
 
+@pin_backends
 class _SortChunksEager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inp, split_sizes, sorted_idxs):
@@ -187,6 +188,7 @@ def _backward_probs(ctx, dout, dprobs):
 sort_chunks_probs_op.register_autograd(_backward_probs, setup_context=_setup)
 
 
+@pin_backends
 class _SortChunksProbsEager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inp, probs, split_sizes, sorted_idxs):

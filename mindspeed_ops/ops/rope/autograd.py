@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from ... import backends
-from ..common import call_op, run_op
+from ..common import bump_version, call_op, pin_backends, run_op
 from . import inplace_rope as _launch
 from . import reference as _ref
 
@@ -73,22 +73,12 @@ def _bwd_backward(ctx, ddx):
 inplace_rope_bwd_op.register_autograd(_bwd_backward, setup_context=_bwd_setup)
 
 
-def _bump_version(t: torch.Tensor) -> None:
-    """Tell autograd that ``t`` was written in place. The eager path runs the op's body directly (a
-    Triton kernel writing through the data pointer), which bypasses the dispatcher's version-counter
-    bump; without it a tensor saved for backward by another op (``y = w * x`` saves ``x``) and then
-    rotated would silently give a wrong gradient instead of PyTorch's "modified by an inplace
-    operation" error. Bumping twice (when the op was dispatched) is harmless. Under torch.compile the
-    functionalized op takes care of it."""
-    if not torch.compiler.is_compiling():
-        torch.autograd.graph.increment_version(t)
-
-
 def _rotate_in_place(dy: torch.Tensor, inplace_backward: bool) -> bool:
     """Whether the backward may rotate the incoming gradient buffer itself (SPEC 1.5)."""
     return inplace_backward and not dy.requires_grad and _launch.non_overlapping(dy)
 
 
+@pin_backends
 class InplaceRopeFunction(torch.autograd.Function):
     """Autograd of :func:`inplace_rope`: ``x`` is marked dirty and returned; no gradients for ``cos``,
     ``sin``, ``position_ids``."""
@@ -108,7 +98,7 @@ class InplaceRopeFunction(torch.autograd.Function):
         cos, sin, position_ids = ctx.saved_tensors
         if _rotate_in_place(dy, ctx.inplace_backward):
             call_op(ctx, inplace_rope_op, dy, cos, sin, position_ids, not ctx.inverse)
-            _bump_version(dy)
+            bump_version(dy)
             dx = dy
         else:
             dx = call_op(ctx, inplace_rope_bwd_op, dy, cos, sin, position_ids, ctx.inverse)
@@ -160,5 +150,5 @@ def inplace_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position
     # nothing to differentiate: the op alone (Dynamo traces ``ctx.mark_dirty`` only when the Function
     # is recorded for autograd, so a no-grad call must not go through it)
     run_op(inplace_rope_op, x, cos, sin, position_ids, bool(inverse))
-    _bump_version(x)
+    bump_version(x)
     return x

@@ -249,3 +249,41 @@ def test_use_backend_rejects_unknown_op_names():
     with pytest.raises(ValueError, match=r"unknown op name\(s\) \['l2normx'\]"):
         with use_backend("reference", ops=["l2normx"]):
             pass
+
+
+def test_backward_keeps_the_forwards_backend_choices():
+    """pin_backends: a backward runs with the use_backend choices of its forward, also when called after the
+    ``with`` block or from another thread (as autograd does on CUDA); every hand-written Function has it."""
+    import threading
+
+    from mindspeed_ops.ops.common import pin_backends
+    from mindspeed_ops.ops.conv.autograd import CausalConv1dFunction
+    from mindspeed_ops.ops.loss.autograd import FusedCrossEntropyLossFunction
+    from mindspeed_ops.ops.moe.autograd import _SortChunksEager, _SortChunksProbsEager
+    from mindspeed_ops.ops.rope.autograd import InplaceRopeFunction
+
+    seen = []
+
+    @pin_backends
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(backends.overrides())
+            return g * 2
+
+    x = torch.ones(3, requires_grad=True)
+    with use_backend("reference"):
+        y1, y2 = Probe.apply(x).sum(), Probe.apply(x).sum()
+        expected = backends.overrides()
+    y1.backward()
+    t = threading.Thread(target=y2.backward)
+    t.start()
+    t.join()
+    assert seen == [expected, expected] and expected
+    for cls in (CausalConv1dFunction, FusedCrossEntropyLossFunction, _SortChunksEager, _SortChunksProbsEager,
+                InplaceRopeFunction):
+        assert hasattr(cls.backward, "__wrapped__") and hasattr(cls.forward, "__wrapped__"), cls.__name__

@@ -22,17 +22,20 @@ def test_tag_keeps_the_users_tag_and_refreshes_ours():
     assert hasattr(cfg, "cache_key_tag")
 
 
-def test_fingerprint_follows_the_sources(monkeypatch):
+def test_fingerprint_follows_the_sources(monkeypatch, tmp_path):
+    """Bytes, not file times: a byte-identical copy of the package (another install) has the same
+    fingerprint, one edited byte another."""
+    import shutil
+
     fp = compile_cache.fingerprint()
     assert fp == compile_cache.fingerprint() and len(fp) == 16
-    real = compile_cache.os.stat
-
-    def touched(path, *a, **k):  # one source file edited: another size and mtime
-        st = real(path, *a, **k)
-        if path.endswith("chunk_loss.py"):
-            return type("S", (), {"st_size": st.st_size + 1, "st_mtime_ns": st.st_mtime_ns + 1})()
-        return st
-    monkeypatch.setattr(compile_cache.os, "stat", touched)
+    src = compile_cache.os.path.dirname(compile_cache.__file__)
+    copy = tmp_path / "mindspeed_ops"
+    shutil.copytree(src, copy, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    monkeypatch.setattr(compile_cache, "__file__", str(copy / "compile_cache.py"))
+    assert compile_cache.fingerprint() == fp
+    with open(copy / "ops" / "loss" / "chunk_loss.py", "a") as f:
+        f.write("\n")
     assert compile_cache.fingerprint() != fp
 
 

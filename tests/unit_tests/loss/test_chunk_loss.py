@@ -330,6 +330,47 @@ def test_upstream_gradient_scaling_in_place(reduction, dtype, backend, monkeypat
             assert_close("2.5 x gradient", a.double() * 2.5, c, "E-bwd")
 
 
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_in_place_scaling_edge_cases(backend):
+    """The in-place path of mean/sum's backward: a retried backward (its first try failed after this node,
+    before autograd freed it) raises PyTorch's in-place error instead of scaling twice; a saved-tensor hook
+    that unpacks non-contiguous tensors still gets exact gradients; a vmapped upstream gradient
+    (is_grads_batched) is scaled out of place."""
+    h, W, b, y, w = _inputs((13,), 16, 60, torch.float32, seed=23, bias=True, weights=True)
+    hr, Wr = h.detach().double().requires_grad_(True), W.detach().double().requires_grad_(True)
+    ref.chunk_loss(hr, Wr, y, None, w.double()).backward()
+    with mindspeed_ops.use_backend(backend):
+        hh, WW = h.detach().requires_grad_(True), W.detach().requires_grad_(True)
+        loss = chunk_loss(hh, WW, y, None, w, chunk_size=4)
+        tries = []
+
+        def fail_once(grad_inputs, grad_outputs):
+            tries.append(1)
+            if len(tries) == 1:
+                raise RuntimeError("a hook that fails once")
+        loss.grad_fn.register_hook(fail_once)
+        with pytest.raises(RuntimeError, match="fails once"):
+            loss.backward()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+
+        hh, WW = h.detach().requires_grad_(True), W.detach().requires_grad_(True)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t.t().contiguous().t() if t.dim() == 2
+                                                      else t):
+            loss = chunk_loss(hh, WW, y, None, w, chunk_size=4)
+        loss.backward()
+        assert_close("dhidden", hr.grad, hh.grad, "E-bwd")
+        assert_close("dweight", Wr.grad, WW.grad, "E-bwd")
+
+        if backend == "reference":  # the Triton launchers do not run under vmap
+            hh = h.detach().requires_grad_(True)
+            loss = chunk_loss(hh, W, y, None, w, chunk_size=4)
+            gs = torch.tensor([1.0, 0.5, -2.0], device=DEVICE)
+            (dh,) = torch.autograd.grad(loss, hh, gs, is_grads_batched=True)
+            for i, g in enumerate(gs.tolist()):
+                assert_close(f"batched dhidden {i}", hr.grad * g, dh[i], "E-bwd")
+
+
 def test_backward_runs_with_the_forwards_backend(monkeypatch):
     """use_backend around the forward holds for its backward too, wherever that runs (on CUDA autograd runs
     backward on a thread of its own, which does not see the caller's context; here: a backward called
