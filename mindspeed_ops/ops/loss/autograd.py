@@ -219,11 +219,16 @@ def _(grad, hidden, weight, labels, bias, loss_weight, lse, ignore_index, label_
                  _chunk_grad_shapes(hidden, weight, bias, "sum", need_dhidden, need_dweight, need_dbias))
 
 
+def _ref_scale(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """The reference of the scale kernel: fp32 product, one rounding to ``x.dtype``."""
+    return (x.to(torch.float32) * s.to(torch.float32)).to(x.dtype)
+
+
 @torch.library.custom_op("mindspeed_ops::chunk_loss_scale", mutates_args=())
 def chunk_scale_op(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """``x·s`` (``s`` a 0-dim fp32 tensor): the backward of chunk_loss mean/sum, fp32 product, one rounding."""
     if backends.implementation(CHUNK, x.device).backend == "reference":
-        return (x.to(torch.float32) * s.to(torch.float32)).to(x.dtype).contiguous()
+        return _ref_scale(x, s).contiguous()
     return _chunk.scale(x, s)
 
 
@@ -256,7 +261,7 @@ def _scale_in_place(ctx, grad_loss: torch.Tensor) -> bool:
 
 def _scale_(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     if backends.implementation(CHUNK, x.device).backend == "reference":
-        return x.copy_(x.to(torch.float32) * s.to(torch.float32))
+        return x.copy_(_ref_scale(x, s))
     _chunk.scale_(x, s)
     bump_version(x)  # the kernel wrote through the data pointer
     return x

@@ -300,7 +300,8 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bi
             lse_square_scale: float, softcap: Optional[float], chunk_size: int, compute_dtype: torch.dtype,
             accum_dtype: Optional[torch.dtype], need_dhidden: bool, need_dweight: bool, need_dbias: bool):
     """``hidden [N, Hd]`` → ``(loss, lse, dhidden, dweight, dbias)``; the gradients of the *sum* of the
-    row losses ``Σ w_i·ℓ_i`` only for ``mean``/``sum`` and only those asked for, else None."""
+    row losses ``Σ w_i·ℓ_i`` (of the mean where :func:`folds_mean`) only for ``mean``/``sum`` and only those
+    asked for, else None."""
     N = hidden.shape[0]
     dev = hidden.device
     loss_rows = torch.empty(N, dtype=torch.float32, device=dev)
@@ -309,10 +310,11 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bi
     need = (need_dhidden and pre, need_dweight and pre, need_dbias and pre and bias is not None)
     # the gradients are computed for the *sum* of the row losses (row scale w_i), times 1/Σw for a folded
     # mean (folds_mean); backward applies the rest: g (sum, folded mean) or g/Σw (fp16 mean)
+    denom = safe_denominator(labels, loss_weight, ignore_index) if reduction == "mean" else None
     scale = None
     if any(need):
-        scale = (1.0 / safe_denominator(labels, loss_weight, ignore_index)).reshape(1) \
-            if folds_mean(reduction, compute_dtype) else torch.ones(1, dtype=torch.float32, device=dev)
+        scale = (1.0 / denom).reshape(1) if folds_mean(reduction, compute_dtype) \
+            else torch.ones(1, dtype=torch.float32, device=dev)
     with autocast_off(dev.type):
         dh, dw, db = _sweep(hidden, weight, labels, bias, loss_weight, ignore_index, label_smoothing,
                             lse_square_scale, softcap, chunk_size, compute_dtype, accum_dtype, *need,
@@ -322,7 +324,7 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bi
     elif reduction == "sum":
         loss = loss_rows.sum()
     else:
-        loss = loss_rows.sum() / safe_denominator(labels, loss_weight, ignore_index)
+        loss = loss_rows.sum() / denom
     return loss, lse, dh, dw, db
 
 

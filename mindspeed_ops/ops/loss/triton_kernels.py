@@ -61,10 +61,18 @@ def _load_x(x_row, b_ptr, cols, mask, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _grad_z(z, sech2, cols, label, lse, c, coef, eps_over_v, one_minus_eps,
-            HAS_SMOOTHING: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
-    """``c·[p·coef − ε/V − (1−ε)·[j=y]]`` (times the soft-cap chain ``sech2``) from the capped logits ``z``,
-    in fp32. The true-class entry is this one fp32 expression, rounded once by the caller's store."""
+def _grad_block(x_row, b_ptr, cols, mask, label, lse, c, coef, eps_over_v, one_minus_eps, softcap, inv_softcap,
+                HAS_BIAS: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+    """``c·[p·coef − ε/V − (1−ε)·[j=y]]`` (times the soft-cap chain) for one block, in fp32.
+
+    The true-class entry is this one fp32 expression, rounded once by the caller's store.
+    """
+    x = _load_x(x_row, b_ptr, cols, mask, HAS_BIAS)
+    if HAS_SOFTCAP:
+        t, sech2 = _tanh_sech2(x * inv_softcap)
+        z = softcap * t
+    else:
+        z = x
     d = tl.exp(z - lse) * coef - tl.where(cols == label, one_minus_eps, 0.0)
     if HAS_SMOOTHING:
         d = d - eps_over_v
@@ -72,55 +80,6 @@ def _grad_z(z, sech2, cols, label, lse, c, coef, eps_over_v, one_minus_eps,
     if HAS_SOFTCAP:
         d = d * sech2
     return d
-
-
-@triton.jit
-def _load_z(x_row, b_ptr, cols, mask, softcap, inv_softcap, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
-    """(capped logits ``z``, ``1 − tanh²`` or 1) of a block, in fp32."""
-    x = _load_x(x_row, b_ptr, cols, mask, HAS_BIAS)
-    z = x
-    sech2 = 1.0
-    if HAS_SOFTCAP:
-        t, sech2 = _tanh_sech2(x * inv_softcap)
-        z = softcap * t
-    return z, sech2
-
-
-@triton.jit
-def _grad_block(x_row, b_ptr, cols, mask, label, lse, c, coef, eps_over_v, one_minus_eps, softcap, inv_softcap,
-                HAS_BIAS: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
-    """:func:`_grad_z` of one block read from memory."""
-    z, sech2 = _load_z(x_row, b_ptr, cols, mask, softcap, inv_softcap, HAS_BIAS, HAS_SOFTCAP)
-    return _grad_z(z, sech2, cols, label, lse, c, coef, eps_over_v, one_minus_eps, HAS_SMOOTHING, HAS_SOFTCAP)
-
-
-@triton.jit
-def _row_loss(x_row, b_ptr, w_ptr, row, label, lse, sz, V, ignore_index, eps, lam, softcap, inv_softcap,
-              HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
-              HAS_ZLOSS: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
-    """(``w·ℓ`` of a row: 0 if ignored, NaN for a label outside ``[0, V)``; ``w``; ``inrange``) from its ``lse``
-    and ``sz`` = the sum of its capped logits (label smoothing)."""
-    valid = label != ignore_index
-    inrange = (label >= 0) & (label < V)
-    y = tl.where(inrange, label, 0)
-    x_y = tl.load(x_row + y).to(tl.float32)
-    if HAS_BIAS:
-        x_y += tl.load(b_ptr + y).to(tl.float32)
-    if HAS_SOFTCAP:
-        z_y = softcap * _tanh(x_y * inv_softcap)
-    else:
-        z_y = x_y
-    loss = (1.0 - eps) * (lse - z_y)
-    if HAS_SMOOTHING:
-        loss += eps * (lse - sz / V)
-    if HAS_ZLOSS:
-        loss += lam * lse * lse
-    w = 1.0
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + row).to(tl.float32)
-    loss = loss * w
-    loss = tl.where(inrange, loss, float("nan"))
-    return tl.where(valid, loss, 0.0), w, inrange
 
 
 @triton.jit
@@ -161,11 +120,26 @@ def ce_fwd_kernel(x_ptr, b_ptr, labels_ptr, w_ptr, g_ptr, loss_ptr, lse_ptr, dx_
 
     label = tl.load(labels_ptr + row).to(tl.int64)
     valid = label != ignore_index
-    sz = 0.0
+    inrange = (label >= 0) & (label < V)
+    y = tl.where(inrange, label, 0)
+    x_y = tl.load(x_row + y).to(tl.float32)
+    if HAS_BIAS:
+        x_y += tl.load(b_ptr + y).to(tl.float32)
+    if HAS_SOFTCAP:
+        z_y = softcap * _tanh(x_y * inv_softcap)
+    else:
+        z_y = x_y
+    loss = (1.0 - eps) * (lse - z_y)
     if HAS_SMOOTHING:
-        sz = tl.sum(sz_vec, 0)
-    loss, w, inrange = _row_loss(x_row, b_ptr, w_ptr, row, label, lse, sz, V, ignore_index, eps, lam, softcap,
-                                 inv_softcap, HAS_BIAS, HAS_WEIGHT, HAS_SMOOTHING, HAS_ZLOSS, HAS_SOFTCAP)
+        loss += eps * (lse - tl.sum(sz_vec, 0) / V)
+    if HAS_ZLOSS:
+        loss += lam * lse * lse
+    w = 1.0
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + row).to(tl.float32)
+    loss = loss * w
+    loss = tl.where(inrange, loss, float("nan"))
+    loss = tl.where(valid, loss, 0.0)
     tl.store(loss_ptr + row, loss)
     tl.store(lse_ptr + row, lse)
 
