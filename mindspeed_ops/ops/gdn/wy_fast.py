@@ -9,7 +9,7 @@ import torch
 from ... import triton_utils as tu
 from ...validation import check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str
 from . import reference_wy as _ref
-from .common import chunk_table, row_factor_args, use_triton
+from .common import chunk_table, fold_value_heads, row_factor_args, use_triton
 from .kkt import CHUNK_SIZES, MAX_K, key_tile
 
 FWD = "recompute_w_u_fwd"
@@ -250,5 +250,5 @@ def backward(k, v, g, beta, A, dw, du, cu_host, cu_seqlens, chunk_indices=None, 
         dk_v[:, :, ::HV // H] = dk_acc
         if dg is not None:
             dg.copy_(dg_acc)
-    dk = dk_v if HV == H else dk_v.view(B, T, H, HV // H, K).sum(3)
+    dk = fold_value_heads(dk_v, H)
     return dk, tu.finish(dv, v.dtype), dbeta, dg

@@ -17,7 +17,7 @@ import torch
 from ... import triton_utils as tu
 from ...validation import check_cu_seqlens, check_same_device, check_tensor, reject_float64
 from ..common import unit_last_stride
-from ..gdn.common import chunk_table, use_triton
+from ..gdn.common import chunk_table, fold_value_heads, use_triton
 from . import args as _args
 from . import reference as _ref
 
@@ -40,11 +40,7 @@ def _block_k(K: int, cap: int) -> int:
     return max(16, min(cap, tu.next_power_of_2(K)))
 
 
-def _fold(x: torch.Tensor, H: int) -> torch.Tensor:
-    """``[B, T, HV, K]`` -> ``[B, T, H, K]``: sum over the value heads sharing a q/k head (a deterministic
-    torch reduction)."""
-    B, T, HV, K = x.shape
-    return x if HV == H else x.view(B, T, H, HV // H, K).sum(3)
+_fold = fold_value_heads  # [B, T, HV, K] -> [B, T, H, K]: the sum over value heads sharing a q/k head
 
 
 # ------------------------------------------------------------------------------------------------
