@@ -24,9 +24,9 @@ def use_triton(device: torch.device) -> bool:
 def fold_value_heads(x: torch.Tensor, H: int) -> torch.Tensor:
     """``[B, T, HV, K]`` -> ``[B, T, H, K]``: the sum over the ``HV // H`` value heads sharing each q/k head
     (GVA; consecutive heads), added in head order (deterministic) by elementwise adds of strided views. One
-    ``torch.add`` for two heads per key head: torch's reduction over that middle dim ran ~6x below the copy
-    rate on the H200 (KDA's two folds took 157 µs per training step, for ~100 MB moved). ``x`` itself when
-    ``HV == H``; needs a ``[B, T, HV, K]`` layout that ``view`` can split (the launchers' own buffers)."""
+    ``torch.add`` for two heads per key head: 64 vs 78 µs for torch's reduction over that middle dim at
+    [1, 8192, 32, 128] fp32 on the H200 (docs/benchmarks/s20, call 3). ``x`` itself when ``HV == H``; needs a
+    ``[B, T, HV, K]`` layout that ``view`` can split (the launchers' own buffers)."""
     B, T, HV, K = x.shape
     if HV == H:
         return x
