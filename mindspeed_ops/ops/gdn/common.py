@@ -23,18 +23,19 @@ def use_triton(device: torch.device) -> bool:
 
 def fold_value_heads(x: torch.Tensor, H: int) -> torch.Tensor:
     """``[B, T, HV, K]`` -> ``[B, T, H, K]``: the sum over the ``HV // H`` value heads sharing each q/k head
-    (GVA; consecutive heads), added in head order (deterministic) by elementwise adds of strided views. One
-    ``torch.add`` for two heads per key head: 64 vs 78 µs for torch's reduction over that middle dim at
-    [1, 8192, 32, 128] fp32 on the H200 (docs/benchmarks/s20, call 3). ``x`` itself when ``HV == H``; needs a
-    ``[B, T, HV, K]`` layout that ``view`` can split (the launchers' own buffers)."""
+    (GVA; consecutive heads), deterministic. Two heads per key head (Qwen3-Next's layout) take one
+    ``torch.add`` of the two strided halves: 64 vs 78 µs for torch's reduction over that middle dim at
+    [1, 8192, 32, 128] fp32 on the H200 (docs/benchmarks/s20, call 3), and the same bits (one rounding). More
+    heads keep torch's reduction (one pass; a chain of adds would re-read the output per head, not measured).
+    ``x`` itself when ``HV == H``; needs a ``[B, T, HV, K]`` layout that ``view`` can split (the launchers'
+    own buffers)."""
     B, T, HV, K = x.shape
     if HV == H:
         return x
     parts = x.view(B, T, H, HV // H, K)
-    out = torch.add(parts[:, :, :, 0], parts[:, :, :, 1])
-    for i in range(2, HV // H):
-        out.add_(parts[:, :, :, i])
-    return out
+    if HV // H == 2:
+        return torch.add(parts[:, :, :, 0], parts[:, :, :, 1])
+    return parts.sum(3)
 
 
 def chunk_table(op: str, cu_host: Optional[list], cu_seqlens: Optional[torch.Tensor], B: int, T: int, BT: int,

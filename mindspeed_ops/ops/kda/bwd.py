@@ -40,9 +40,6 @@ def _block_k(K: int, cap: int) -> int:
     return max(16, min(cap, tu.next_power_of_2(K)))
 
 
-_fold = fold_value_heads  # [B, T, HV, K] -> [B, T, H, K]: the sum over value heads sharing a q/k head
-
-
 # ------------------------------------------------------------------------------------------------
 # dAqk and the local dv
 # ------------------------------------------------------------------------------------------------
@@ -146,7 +143,7 @@ def wy_dqkg_forward(q, k, v, v_new, g, beta, A, h, do, dh, dv, scale: float, cu_
             *dvv.stride()[:3], *dq.stride()[:3], *dvo.stride()[:3], *db.stride(), *dA.stride()[:3],
             BT=BT, BK=BK, BV=BV, IS_VARLEN=idx is not None, num_warps=warps, num_stages=stages)
     if fold_heads:
-        dq, dk = _fold(dq, H), _fold(dk, H)
+        dq, dk = fold_value_heads(dq, H), fold_value_heads(dk, H)
     return dq, dk, tu.finish(dvo, v.dtype), db, dg, dA
 
 

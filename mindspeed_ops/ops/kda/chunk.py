@@ -22,7 +22,7 @@ import torch
 from ... import backends
 from ..norm.l2norm import rstd as _l2_rstd
 from ..gdn.bwd_dhu import forward as _dhu_forward
-from ..gdn.common import device_tables, zero_tail_rows
+from ..gdn.common import device_tables, fold_value_heads, zero_tail_rows
 from ..gdn.cumsum import forward as _cumsum_forward
 from ..gdn.fwd_h import forward as _fwd_h_forward
 from ..gdn.wy_fast import forward as _wy_forward
@@ -86,7 +86,7 @@ def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, u
     del dAq, dAm
     dg = _cumsum_forward(dG, BT, True, None, cu_host, cu, torch.float32, idx)
     del dG
-    dq, dk = _bwd._fold(dq, H), _bwd._fold(dk, H)
+    dq, dk = fold_value_heads(dq, H), fold_value_heads(dk, H)
     if use_qk_l2norm_in_kernel:
         l2 = backends.implementation("l2norm", q.device)
         dq = l2.backward(qn, rq, dq, L2_EPS, True, torch.float32)
