@@ -90,14 +90,16 @@ def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, us
     dq, dk, dw, dG = bwd_dqkwg.forward(qn, kn, v_new, do, h, dh, G, dv2, w, scale, cu_host, cu, BT, idx,
                                        dw_dtype=tu.kernel_dtype(kn.dtype))
     del h, dh, v_new, w
-    # wy's backward adds dqkwg's dk and dG on its way out (no separate elementwise passes)
-    dk, dv, dbeta, dG = wy_fast.backward(kn, v, G, beta, Ainv, dw, dv2, cu_host, cu, idx, dk_acc=dk, dg_acc=dG)
+    # wy's backward adds dqkwg's dk and dG on its way out (no separate elementwise passes); with the l2norm, the
+    # GVA sum of dk over value heads happens as the l2norm backward reads it (no [B, T, H, K] pass of its own)
+    dk, dv, dbeta, dG = wy_fast.backward(kn, v, G, beta, Ainv, dw, dv2, cu_host, cu, idx, dk_acc=dk, dg_acc=dG,
+                                         fold=not use_qk_l2norm_in_kernel)
     del dw, dv2
     dg = None
     if G is not None:
         dg = cumsum.forward(dG, BT, True, None, cu_host, cu, torch.float32, idx)
     if use_qk_l2norm_in_kernel:  # straight to the input dtype: the caller's cast would be one more pass
         dq = _l2norm(q).backward(qn, q_rstd, dq, L2_EPS, True, q.dtype)
-        dk = _l2norm(k).backward(kn, k_rstd, dk, L2_EPS, True, k.dtype)
+        dk = _l2norm(k).backward(kn, k_rstd, dk, L2_EPS, True, k.dtype, dy_group=v.shape[2] // k.shape[2])
         zero_tail_rows(cu_host, dq, dk)
     return dq, dk, dv, dg, dbeta, dh0

@@ -216,10 +216,12 @@ def prepare_wy_repr_bwd(k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tens
     return backward(k, v, g, beta, A, dw, du, cu_host, cu_seqlens, chunk_indices)
 
 
-def backward(k, v, g, beta, A, dw, du, cu_host, cu_seqlens, chunk_indices=None, dk_acc=None, dg_acc=None):
+def backward(k, v, g, beta, A, dw, du, cu_host, cu_seqlens, chunk_indices=None, dk_acc=None, dg_acc=None,
+             fold: bool = True):
     """Triton launch of ``prepare_wy_repr_bwd`` (arguments already validated). ``dk_acc [B, T, H, K]`` and
     ``dg_acc [B, T, HV]`` (fp32, contiguous last dim; dg_acc only with g, and given whenever dk_acc is): the
-    GDN pipeline's other parts of ``dk``/``dG``, added inside the kernel (the returned dk/dg include them)."""
+    GDN pipeline's other parts of ``dk``/``dG``, added inside the kernel (the returned dk/dg include them).
+    ``fold=False``: ``dk`` per value head, ``[B, T, HV, K]`` contiguous (its consumer sums the heads)."""
     from .triton_wy import wy_bwd_kernel
 
     B, T, H, K = k.shape
@@ -250,5 +252,5 @@ def backward(k, v, g, beta, A, dw, du, cu_host, cu_seqlens, chunk_indices=None, 
         dk_v[:, :, ::HV // H] = dk_acc
         if dg is not None:
             dg.copy_(dg_acc)
-    dk = fold_value_heads(dk_v, H)
+    dk = fold_value_heads(dk_v, H) if fold else dk_v
     return dk, tu.finish(dv, v.dtype), dbeta, dg

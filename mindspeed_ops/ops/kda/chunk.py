@@ -86,10 +86,11 @@ def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, u
     del dAq, dAm
     dg = _cumsum_forward(dG, BT, True, None, cu_host, cu, torch.float32, idx)
     del dG
-    dq, dk = fold_value_heads(dq, H), fold_value_heads(dk, H)
-    if use_qk_l2norm_in_kernel:
-        l2 = backends.implementation("l2norm", q.device)
-        dq = l2.backward(qn, rq, dq, L2_EPS, True, torch.float32)
-        dk = l2.backward(kn, rk, dk, L2_EPS, True, torch.float32)
+    if use_qk_l2norm_in_kernel:  # the GVA head sums happen as the l2norm backward reads dq/dk (dy_group)
+        l2, G_v = backends.implementation("l2norm", q.device), v.shape[2] // H
+        dq = l2.backward(qn, rq, dq, L2_EPS, True, torch.float32, dy_group=G_v)
+        dk = l2.backward(kn, rk, dk, L2_EPS, True, torch.float32, dy_group=G_v)
         zero_tail_rows(cu_host, dq, dk)
+    else:
+        dq, dk = fold_value_heads(dq, H), fold_value_heads(dk, H)
     return dq, dk, dv, dg, db, dh0

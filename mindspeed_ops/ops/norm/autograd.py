@@ -33,7 +33,9 @@ def _ref_l2norm_fwd(x, eps, output_dtype):
     return y.contiguous(), rstd.float().contiguous()
 
 
-def _ref_l2norm_bwd(x_or_y, rstd, dy, eps, normalized=False, dx_dtype=None):
+def _ref_l2norm_bwd(x_or_y, rstd, dy, eps, normalized=False, dx_dtype=None, dy_group=1):
+    if dy_group > 1:  # the GVA fold of l2norm.backward's dy_group
+        dy = dy.reshape(*x_or_y.shape[:-1], dy_group, x_or_y.shape[-1]).sum(-2, dtype=torch.float32)
     if normalized:
         return _ref.l2norm_bwd(x_or_y, rstd, dy, eps, dx_dtype).contiguous()
     dx, _ = _ref.rms_norm_bwd(dy, x_or_y, None, eps, inv_n=1.0)

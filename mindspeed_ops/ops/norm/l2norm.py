@@ -53,17 +53,19 @@ def rstd(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def backward(x_or_y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, eps: float = 1e-6,
-             normalized: bool = False, dx_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+             normalized: bool = False, dx_dtype: Optional[torch.dtype] = None, dy_group: int = 1) -> torch.Tensor:
     """``dx = rstd·(dy − ŷ·Σ_d dy·ŷ)``.
 
     ``normalized=False``: ``x_or_y`` is ``x`` and ``ŷ = x·rstd`` is recomputed in fp32 (the autograd
     path); ``normalized=True``: it is the forward output ``y`` (``l2norm_bwd``). ``dx`` is in
-    ``dx_dtype`` (default: the dtype of ``x_or_y``).
+    ``dx_dtype`` (default: the dtype of ``x_or_y``). ``dy_group = G > 1`` (internal, GVA): ``x_or_y`` is
+    ``[..., H, D]`` and ``dy`` ``[..., H·G, D]``, each row's gradient the fp32 sum of its ``G`` consecutive
+    heads (``gdn.common.fold_value_heads``), added as the rows are read.
     """
     D = x_or_y.shape[-1]
     x2 = rows_2d(tu.kernel_input(x_or_y))
     N = x2.shape[0]
-    dy2 = tu.kernel_input(dy).reshape(N, D)
+    dy2 = tu.kernel_input(dy).reshape(N, dy_group, D) if dy_group > 1 else tu.kernel_input(dy).reshape(N, D)
     r = rstd.reshape(N).float().contiguous()
     dx, _ = rows_backward(x2, dy2, None, inv_n=1.0, eps=eps, rstd=r, x_is_normalized=normalized,
                           dx_dtype=dx_dtype or x_or_y.dtype)

@@ -147,7 +147,8 @@ def rows_backward(x2: torch.Tensor, dy2: Optional[torch.Tensor], weight: Optiona
     """Row-norm backward: ``dx = r·(g − x̂·(Σ g·x̂ + dr·r)·inv_n)`` with ``g = dy ⊙ (w + offset)``.
 
     ``x2``: ``[N, D]`` rows as the kernel sees them (``x``, or ``x̂`` when ``x_is_normalized``, then
-    ``rstd`` is required); ``dy2``: ``[N, D]`` any strides, or ``None`` (no gradient of the
+    ``rstd`` is required); ``dy2``: ``[N, D]`` any strides, ``[N, G, D]`` (the gradient of each row is
+    the fp32 sum of its ``G`` rows, added in order), or ``None`` (no gradient of the
     normalised output); ``rstd``: ``[N]`` fp32 saved statistics, else recomputed from ``x``;
     ``dr``: ``[N]`` gradient of ``rstd``, any stride. Returns ``(dx [N, D] in dx_dtype, dweight fp32
     [D] or None)`` (``dweight = Σ_rows dy ⊙ x̂``, only with ``need_dw`` and a weight).
@@ -162,10 +163,17 @@ def rows_backward(x2: torch.Tensor, dy2: Optional[torch.Tensor], weight: Optiona
     if N == 0:
         return tu.finish(dx, dx_dtype), (torch.zeros(D, dtype=torch.float32, device=dev) if need_dw else None)
     dummy = x2
+    cfg = tile_config(D, MAX_TILE_DW if need_dw else MAX_TILE)
+    group, s_group = 1, 0
+    if dy2 is not None and dy2.dim() == 3:
+        if cfg is None:  # the looped path takes [N, D]: sum first (a torch pass, long rows only)
+            dy2 = dy2.sum(1, dtype=torch.float32) if dy2.shape[1] > 1 else dy2[:, 0]
+        else:
+            group, s_group = dy2.shape[1], dy2.stride(1)
+            dy2 = dy2[:, 0]
     sdy = (0, 0) if dy2 is None else (dy2.stride(0), dy2.stride(1))
     sdr = 0 if dr is None else dr.stride(0)
     flags = dict(HAS_DY=dy2 is not None, HAS_W=w is not None, HAS_DR=dr is not None)
-    cfg = tile_config(D, MAX_TILE_DW if need_dw else MAX_TILE)
     if cfg is not None:
         BM, BD, warps = cfg
         nblocks = tu.cdiv(N, BM)
@@ -184,8 +192,8 @@ def rows_backward(x2: torch.Tensor, dy2: Optional[torch.Tensor], weight: Optiona
         norm_bwd_tile_kernel[(progs,)](
             x2, dummy if dy2 is None else dy2, dummy if w is None else w, dummy if rstd is None else rstd,
             dummy if dr is None else dr, dx, dwp, N, D, x2.stride(0), sdy[0], sdy[1], sdr, dx.stride(0),
-            float(inv_n), float(eps), float(offset), bpp, HAS_DW=need_dw, RSTD_GIVEN=rstd is not None,
-            X_IS_NORMALIZED=x_is_normalized, BM=BM, BD=BD, num_warps=warps, **opts, **flags)
+            float(inv_n), float(eps), float(offset), bpp, s_group, HAS_DW=need_dw, RSTD_GIVEN=rstd is not None,
+            X_IS_NORMALIZED=x_is_normalized, BM=BM, BD=BD, DY_GROUP=group, num_warps=warps, **opts, **flags)
     else:
         r32 = torch.empty(N, dtype=torch.float32, device=dev)
         c32 = torch.empty(N, dtype=torch.float32, device=dev)

@@ -87,15 +87,15 @@ def norm_fwd_tile_kernel(X, Y, W, RSTD, N, D, stride_x, stride_y, inv_n, eps, of
 
 @triton.jit
 def norm_bwd_tile_kernel(X, DY, W, RSTD, DR, DX, DWP, N, D, stride_x, stride_dy_row, stride_dy_col, stride_dr,
-                         stride_dx, inv_n, eps, offset, blocks_per_prog,
-                         HAS_DY: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr, HAS_DR: tl.constexpr,
-                         RSTD_GIVEN: tl.constexpr, X_IS_NORMALIZED: tl.constexpr,
-                         BM: tl.constexpr, BD: tl.constexpr):
+                         stride_dx, inv_n, eps, offset, blocks_per_prog, stride_dy_group, HAS_DY: tl.constexpr,
+                         HAS_W: tl.constexpr, HAS_DW: tl.constexpr, HAS_DR: tl.constexpr, RSTD_GIVEN: tl.constexpr,
+                         X_IS_NORMALIZED: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
+                         DY_GROUP: tl.constexpr = 1):
     """Backward of ``BM``-row blocks ``[pid·bpp, (pid+1)·bpp)``; ``BD >= D``.
 
     ``X`` holds ``x`` (``rstd`` recomputed from it unless ``RSTD_GIVEN``) or, with
-    ``X_IS_NORMALIZED``, ``x̂`` itself (then ``RSTD_GIVEN`` must be set). ``DY`` has any strides
-    (stride 0 included). ``HAS_DW``: this program's fp32 partial ``Σ dy ⊙ x̂`` over its rows goes to
+    ``X_IS_NORMALIZED``, ``x̂`` itself (then ``RSTD_GIVEN`` must be set). ``DY`` has any strides (stride 0
+    included; ``DY_GROUP`` rows ``stride_dy_group`` apart summed per row). ``HAS_DW``: partial ``Σ dy ⊙ x̂`` to
     row ``pid`` of ``DWP`` (``[programs, D]``, contiguous); the launcher sums the partials.
 
     Register budget (the persistent ``HAS_DW`` grid runs several programs an SM only if each stays
@@ -114,8 +114,8 @@ def norm_bwd_tile_kernel(X, DY, W, RSTD, DR, DX, DWP, N, D, stride_x, stride_dy_
         mask = rmask[:, None] & cmask[None, :]
         x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         if HAS_DY:
-            dy = tl.load(DY + rows[:, None] * stride_dy_row + cols[None, :].to(tl.int64) * stride_dy_col,
-                         mask=mask, other=0.0).to(tl.float32)
+            dy = _load_dy_group(DY + rows[:, None] * stride_dy_row + cols[None, :].to(tl.int64) * stride_dy_col,
+                                mask, stride_dy_group, DY_GROUP)
         if RSTD_GIVEN:
             r = tl.load(RSTD + rows, mask=rmask, other=0.0).to(tl.float32)
         else:
@@ -247,3 +247,19 @@ def norm_apply_kernel(X, DY, W, RSTD, C, OUT, DWP, N, D, stride_x, stride_dy_row
         tl.store(OUT + row * stride_out + cols, out.to(OUT.dtype.element_ty), mask=mask)
     if HAS_DW:
         tl.store(DWP + pid_r * D + cols, acc_dw, mask=cmask)
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers kept below the kernels (a jit function's cache key holds its starting line: code added
+# above a kernel recompiles it)
+
+
+@triton.jit
+def _load_dy_group(ptrs, mask, stride_group, GROUP: tl.constexpr):
+    """fp32 ``Σ_{j < GROUP} dy[ptrs + j·stride_group]``, summed in order j = 0, 1, ...: the gradient of a row
+    shared by ``GROUP`` consumers (GVA: the value heads of one key head) folded on load, with the bits of
+    ``fold_value_heads``'s one fp32 add for two."""
+    dy = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    for j in tl.static_range(1, GROUP):
+        dy += tl.load(ptrs + j * stride_group, mask=mask, other=0.0).to(tl.float32)
+    return dy
