@@ -61,7 +61,8 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
 
 def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, use_qk_l2norm_in_kernel: bool,
              cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int):
-    """Returns ``(dq, dk [B,T,H,K] fp32, dv, dg [B,T,HV,K] fp32, dbeta fp32, dh0 fp32 or None)``."""
+    """Returns ``(dq, dk [B,T,H,K] (fp32; in q's/k's dtype with the in-kernel l2norm), dv, dg [B,T,HV,K] fp32,
+    dbeta fp32, dh0 fp32 or None)``."""
     BT = chunk_size
     H = q.shape[2]
     cu, idx = device_tables(cu_host, BT, q.device)
@@ -86,10 +87,11 @@ def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, u
     del dAq, dAm
     dg = _cumsum_forward(dG, BT, True, None, cu_host, cu, torch.float32, idx)
     del dG
-    if use_qk_l2norm_in_kernel:  # the GVA head sums happen as the l2norm backward reads dq/dk (dy_group)
+    if use_qk_l2norm_in_kernel:  # the GVA head sums happen as the l2norm backward reads dq/dk (dy_group); it
+        # writes them in the input dtype (one rounding, as the caller's cast would do, without that pass)
         l2, G_v = backends.implementation("l2norm", q.device), v.shape[2] // H
-        dq = l2.backward(qn, rq, dq, L2_EPS, True, torch.float32, dy_group=G_v)
-        dk = l2.backward(kn, rk, dk, L2_EPS, True, torch.float32, dy_group=G_v)
+        dq = l2.backward(qn, rq, dq, L2_EPS, True, q.dtype, dy_group=G_v)
+        dk = l2.backward(kn, rk, dk, L2_EPS, True, k.dtype, dy_group=G_v)
         zero_tail_rows(cu_host, dq, dk)
     else:
         dq, dk = fold_value_heads(dq, H), fold_value_heads(dk, H)
