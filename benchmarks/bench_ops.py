@@ -277,12 +277,13 @@ def group_mhc(copy_gbs: float) -> None:
     bench(f"mhc_post [{B}, {T}, {n}, {D}] bf16", impls, nbx / n + 2 * nbx, nbx + nbx / n + 2 * nbx, copy_gbs)
 
 
-def _gdn_inputs(B, T, H, K, V, cu=None):
+def _gdn_inputs(B, T, H, K, V, HV=None):
+    HV = H if HV is None else HV
     q = torch.randn(B, T, H, K, device=DEV, dtype=torch.bfloat16).requires_grad_()
     k = torch.randn(B, T, H, K, device=DEV, dtype=torch.bfloat16).requires_grad_()
-    v = torch.randn(B, T, H, V, device=DEV, dtype=torch.bfloat16).requires_grad_()
-    g = F.logsigmoid(torch.rand(B, T, H, device=DEV)).requires_grad_()
-    beta = torch.rand(B, T, H, device=DEV).sigmoid().to(torch.bfloat16).requires_grad_()
+    v = torch.randn(B, T, HV, V, device=DEV, dtype=torch.bfloat16).requires_grad_()
+    g = F.logsigmoid(torch.rand(B, T, HV, device=DEV)).requires_grad_()
+    beta = torch.rand(B, T, HV, device=DEV).sigmoid().to(torch.bfloat16).requires_grad_()
     return q, k, v, g, beta
 
 
@@ -290,31 +291,38 @@ def _gdn_inputs(B, T, H, K, V, cu=None):
 _LA_LENS = [3000, 1000, 2500, 1500, 4000, 500, 2884, 1000]
 
 
+#: what of the peers' linear-attention calls to time: "fwd+bwd", "fwd" or "none" (--la-peers)
+LA_PEERS = {"mode": "fwd+bwd"}
+
+
 def _la_group(op: str, ours_fn, peer, per_channel: bool, shapes, copy_gbs: float, with_bwd: bool) -> None:
-    """One linear-attention case per shape ``(B, T, H, varlen?)``, K = V = 128, bf16 q/k/v, fp32 gates
+    """One linear-attention case per shape ``(B, T, H, HV, varlen?)``, K = V = 128, bf16 q/k/v, fp32 gates
     ``logsigmoid(U)`` (per head, or per channel with ``per_channel``), qk l2norm in kernel; ours vs
-    the fla peer (same call). Floor: the minimum bytes (q, k, v, g, beta read once, o written once)."""
+    the fla peer (same call). Varlen: ours gets ``cu_seqlens_cpu`` too (no host read of the offsets, so
+    the call can be graph-captured). Floor: the minimum bytes (q, k, v, g, beta read once, o written once)."""
     K = V = 128
-    for B, T, H, varlen in shapes:
+    for B, T, H, HV, varlen in shapes:
         cu = None if not varlen else torch.tensor([0] + torch.tensor(_LA_LENS).cumsum(0).tolist(), device=DEV,
                                                     dtype=torch.int64)
-        q, k, v, g, beta = _gdn_inputs(B, T, H, K, V)
+        ours_kw = {} if cu is None else {"cu_seqlens_cpu": cu.cpu()}
+        q, k, v, g, beta = _gdn_inputs(B, T, H, K, V, HV)
         if per_channel:
-            g = F.logsigmoid(torch.rand(B, T, H, K, device=DEV)).requires_grad_()
+            g = F.logsigmoid(torch.rand(B, T, HV, K, device=DEV)).requires_grad_()
         ins = (q, k, v, g, beta)
-        calls = {"ours": ours_fn}
-        if peer is not None:
-            calls[f"fla {op}"] = peer
+        calls = {"ours": (ours_fn, ours_kw, with_bwd)}
+        if peer is not None and LA_PEERS["mode"] != "none":
+            calls[f"fla {op}"] = (peer, {}, with_bwd and LA_PEERS["mode"] == "fwd+bwd")
         impls = {}
-        for label, fn in calls.items():
-            def fwd(fn=fn):
-                return fn(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
-            impls[label] = (fwd, _grad(lambda fwd=fwd: fwd().float().sum(), ins) if with_bwd else None)
-        nb = B * T * H * (K + K + V + V) * 2 + B * T * H * ((K if per_channel else 1) * 4 + 2)
-        name = f"{op} B{B} T{T} H{H} K=V=128" + (f" varlen {len(_LA_LENS)} seqs" if varlen else "")
+        for label, (fn, kw, bwd) in calls.items():
+            def fwd(fn=fn, kw=kw):
+                return fn(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **kw)[0]
+            impls[label] = (fwd, _grad(lambda fwd=fwd: fwd().float().sum(), ins) if bwd else None)
+        nb = B * T * (H * 2 * K + HV * 2 * V) * 2 + B * T * HV * ((K if per_channel else 1) * 4 + 2)
+        name = f"{op} B{B} T{T} H{H}" + (f" HV{HV}" if HV != H else "") + " K=V=128" \
+            + (f" varlen {len(_LA_LENS)} seqs" if varlen else "")
         msg = f"# {name}: floor {nb / copy_gbs / 1e6:.3f} ms of bytes ({nb / 1e6:.0f} MB)"
         if not per_channel:  # chunked FLOPs: kkt, w/u, state update, output
-            flops = 2.0 * B * T * H * 64 * (K + K + V + K + V) + 2.0 * B * T * H * K * V * 3
+            flops = 2.0 * B * T * HV * 64 * (K + K + V + K + V) + 2.0 * B * T * HV * K * V * 3
             msg += f", {flops / 1e9:.1f} GFLOP fwd"
         print(msg, flush=True)
         bench(name, impls, nb, None, copy_gbs)
@@ -323,16 +331,19 @@ def _la_group(op: str, ours_fn, peer, per_channel: bool, shapes, copy_gbs: float
 
 
 def group_gdn(copy_gbs: float, with_bwd: bool = True) -> None:
-    """Issue-4 shapes of chunk_gated_delta_rule (Qwen3-Next GDN) vs fla."""
+    """Issue-4/5 shapes of chunk_gated_delta_rule (Qwen3-Next GDN) vs fla: B1 T8192 H16, B1 T32768 H32,
+    8 sequences / 16384 tokens H16, and GVA H16/HV32 at T32768."""
     _la_group("chunk_gated_delta_rule", api.chunk_gated_delta_rule,
               _peer("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"), False,
-              ((1, 8192, 16, False), (1, 32768, 32, False), (1, 16384, 16, True)), copy_gbs, with_bwd)
+              ((1, 8192, 16, 16, False), (1, 32768, 32, 32, False), (1, 16384, 16, 16, True),
+               (1, 32768, 16, 32, False)), copy_gbs, with_bwd)
 
 
 def group_kda(copy_gbs: float, with_bwd: bool = True) -> None:
-    """chunk_kda (Kimi-Linear KDA, per-channel gates) vs fla."""
+    """Issue-6 shapes of chunk_kda (Kimi-Linear KDA, per-channel gates) vs fla: B1 T8192 H16, B1 T32768 H32
+    and 8 sequences / 16384 tokens H16."""
     _la_group("chunk_kda", api.chunk_kda, _peer("fla.ops.kda", "chunk_kda"), True,
-              ((1, 8192, 16, False), (1, 16384, 32, False), (1, 16384, 16, True)), copy_gbs, with_bwd)
+              ((1, 8192, 16, 16, False), (1, 32768, 32, 32, False), (1, 16384, 16, 16, True)), copy_gbs, with_bwd)
 
 
 def render(doc: dict) -> str:
@@ -372,7 +383,10 @@ def main() -> int:
     ap.add_argument("--groups", default=",".join(GROUPS), help="comma list of " + ", ".join(GROUPS))
     ap.add_argument("--out", default="out/bench_ops")
     ap.add_argument("--render", metavar="JSON", help="only print the markdown tables of a saved run")
+    ap.add_argument("--la-peers", choices=("fwd+bwd", "fwd", "none"), default="fwd+bwd",
+                    help="gdn/kda groups: which of fla's calls to time (its backward autotunes for minutes)")
     args = ap.parse_args()
+    LA_PEERS["mode"] = args.la_peers
     if args.render:
         with open(args.render) as fh:
             print(render(json.load(fh)))

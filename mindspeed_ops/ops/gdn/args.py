@@ -65,8 +65,8 @@ def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chun
     check_tensor(op, "v", v, shape=(B, T, None, None), shape_desc="[B, T, HV, V]")
     check_same_dtype(op, q=q, k=k, v=v)
     HV, V = v.shape[2], v.shape[3]
-    if H == 0 or HV % H:
-        raise ValueError(f"{op}: the value heads HV = {HV} (v.shape[2]) must be a multiple of the q/k heads "
+    if H == 0 or HV == 0 or HV % H:
+        raise ValueError(f"{op}: the value heads HV = {HV} (v.shape[2]) must be a positive multiple of the q/k heads "
                          f"H = {H} (q.shape[2])")
     if K > MAX_K:
         raise ValueError(f"{op}: the head dim K must be <= {MAX_K}, got q of shape {shape_str(q.shape)}")

@@ -8,7 +8,8 @@ GDN's ``recompute_w_u_fwd`` with ``gk``) -> ``h, v_new, final_state`` by GDN's s
 Backward: ``w, u``, ``qg = q ⊙ e^G``, ``kg``, ``h, v_new`` recomputed -> ``dAqk, dv_local`` (KDA) ->
 ``dh, dh0, dv2`` by GDN's reverse state scan with ``gk`` on ``qg, kg`` -> ``chunk_kda_bwd_wy_dqkg_fused``
 (KDA, SPEC 1.11.2) -> the intra-chunk paths through ``Aqk`` and ``M`` (KDA) -> ``dg`` = reverse chunk-local
-cumsum of ``dG`` (GDN) -> sum over shared value heads, l2norm backward.
+cumsum of ``dG`` (GDN) -> l2norm backward, which sums dq/dk over the value heads of each key head as it
+reads them (``dy_group``; without the in-kernel l2norm, ``fold_value_heads`` does the sum).
 
 The stage launchers are called directly (their arguments are validated once, by the operator), so
 varlen offsets are read on the host once per call (not at all when the operator got ``cu_seqlens_cpu``).

@@ -148,7 +148,8 @@ def rows_backward(x2: torch.Tensor, dy2: Optional[torch.Tensor], weight: Optiona
 
     ``x2``: ``[N, D]`` rows as the kernel sees them (``x``, or ``x̂`` when ``x_is_normalized``, then
     ``rstd`` is required); ``dy2``: ``[N, D]`` any strides, ``[N, G, D]`` (the gradient of each row is
-    the fp32 sum of its ``G`` rows, added in order), or ``None`` (no gradient of the
+    the fp32 sum of its ``G`` rows: added in order by the tile kernel, by ``torch.sum`` for rows too long
+    for one tile), or ``None`` (no gradient of the
     normalised output); ``rstd``: ``[N]`` fp32 saved statistics, else recomputed from ``x``;
     ``dr``: ``[N]`` gradient of ``rstd``, any stride. Returns ``(dx [N, D] in dx_dtype, dweight fp32
     [D] or None)`` (``dweight = Σ_rows dy ⊙ x̂``, only with ``need_dw`` and a weight).

@@ -163,6 +163,8 @@ def test_bad_input():
         f(q, k, v, g, beta[..., None])
     with pytest.raises(ValueError, match="multiple"):
         f(q, k, v[:, :, :3], g[:, :, :3], beta[:, :, :3])
+    with pytest.raises(ValueError, match="HV = 0 .* positive multiple"):  # no value heads: rejected, not a crash
+        f(q, k, v[:, :, :0], g[:, :, :0], beta[:, :, :0], use_qk_l2norm_in_kernel=True)
     with pytest.raises(ValueError, match="chunk_size"):
         f(q, k, v, g, beta, chunk_size=128)
     with pytest.raises(ValueError, match="batch size must be 1"):

@@ -392,6 +392,8 @@ def test_bad_input():
         chunk_kda(q, k, v, g[..., 0], beta)
     with pytest.raises(ValueError, match="multiple"):
         chunk_kda(q, k, v[:, :, :3], g[:, :, :3], beta[:, :, :3])
+    with pytest.raises(ValueError, match="HV = 0 .* positive multiple"):  # no value heads: rejected, not a crash
+        chunk_kda(q, k, v[:, :, :0], g[:, :, :0], beta[:, :, :0], use_qk_l2norm_in_kernel=True)
     with pytest.raises(ValueError, match=r"chunk_size must be one of \(32, 64\), got 16"):
         chunk_kda(q, k, v, g, beta, chunk_size=16)
     with pytest.raises(ValueError, match="batch size must be 1"):
