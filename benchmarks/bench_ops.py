@@ -292,7 +292,7 @@ _LA_LENS = [3000, 1000, 2500, 1500, 4000, 500, 2884, 1000]
 
 
 #: what of the peers' linear-attention calls to time: "fwd+bwd", "fwd" or "none" (--la-peers)
-LA_PEERS = {"mode": "fwd+bwd"}
+LA_PEERS = {"mode": "fwd+bwd", "points": None}
 
 
 def _la_group(op: str, ours_fn, peer, per_channel: bool, shapes, copy_gbs: float, with_bwd: bool) -> None:
@@ -301,7 +301,7 @@ def _la_group(op: str, ours_fn, peer, per_channel: bool, shapes, copy_gbs: float
     the fla peer (same call). Varlen: ours gets ``cu_seqlens_cpu`` too (no host read of the offsets, so
     the call can be graph-captured). Floor: the minimum bytes (q, k, v, g, beta read once, o written once)."""
     K = V = 128
-    for B, T, H, HV, varlen in shapes:
+    for B, T, H, HV, varlen in shapes[:LA_PEERS["points"]]:
         cu = None if not varlen else torch.tensor([0] + torch.tensor(_LA_LENS).cumsum(0).tolist(), device=DEV,
                                                     dtype=torch.int64)
         ours_kw = {} if cu is None else {"cu_seqlens_cpu": cu.cpu()}
@@ -385,8 +385,9 @@ def main() -> int:
     ap.add_argument("--render", metavar="JSON", help="only print the markdown tables of a saved run")
     ap.add_argument("--la-peers", choices=("fwd+bwd", "fwd", "none"), default="fwd+bwd",
                     help="gdn/kda groups: which of fla's calls to time (its backward autotunes for minutes)")
+    ap.add_argument("--la-points", type=int, default=None, help="gdn/kda groups: only the first N shapes")
     args = ap.parse_args()
-    LA_PEERS["mode"] = args.la_peers
+    LA_PEERS.update(mode=args.la_peers, points=args.la_points)
     if args.render:
         with open(args.render) as fh:
             print(render(json.load(fh)))

@@ -14,6 +14,7 @@ import torch
 
 from ... import backends
 from ... import triton_utils as tu
+from ..common import unit_last_stride
 from ..norm.l2norm import rstd as _l2_rstd
 from . import bwd_dhu, bwd_dqkwg, bwd_dv, cumsum, fwd_h, fwd_o, kkt, kkt_solve, solve_tril, wy_fast
 from .common import device_tables, zero_tail_rows
@@ -75,6 +76,7 @@ def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, us
     recomputed). Returns ``(dq, dk, dv, dg or None, dbeta, dh0 or None)``: dg/dbeta/dh0 in fp32, dq/dk in fp32
     (in q's/k's dtype with the in-kernel l2norm, whose backward writes them)."""
     BT = chunk_size
+    do = unit_last_stride(do)  # once (an expanded upstream gradient, e.g. of o.sum(), has last stride 0), not per stage
     cu, idx = device_tables(cu_host, BT, q.device)
     G = G if g is not None else None
     if use_qk_l2norm_in_kernel:

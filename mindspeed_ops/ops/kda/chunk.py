@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from ... import backends
+from ..common import unit_last_stride
 from ..norm.l2norm import rstd as _l2_rstd
 from ..gdn.bwd_dhu import forward as _dhu_forward
 from ..gdn.common import device_tables, fold_value_heads, zero_tail_rows
@@ -66,6 +67,7 @@ def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, u
     dbeta fp32, dh0 fp32 or None)``."""
     BT = chunk_size
     H = q.shape[2]
+    do = unit_last_stride(do)  # once (an expanded upstream gradient has last stride 0), not in every stage
     cu, idx = device_tables(cu_host, BT, q.device)
     if use_qk_l2norm_in_kernel:
         qn, rq = _l2norm(q)
