@@ -110,16 +110,16 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                     acc += _dot(b_q * fac, b_kj, DT)
                     if STORE_M:
                         acc_m += _dot(b_k * fac, b_kj, DT)
-                for t in range(16):
-                    r_t = r0 + t
-                    mt = dm & (r_t < eos)
-                    k_t = tl.load(k_base + r_t * s_kt + d, mask=mt, other=0.0).to(tl.float32)
-                    g_t = tl.load(g_base + r_t * s_gt + d, mask=mt, other=0.0).to(tl.float32)
-                    e_c = _masked_exp(b_g - g_t[None, :], mi & (o16 >= t)[:, None] & mt[None, :]) * k_t[None, :]
-                    at_t = o16[None, :] == t
-                    b_d += tl.where(at_t, tl.sum(b_q * e_c, 1)[:, None], 0.0)
-                    if STORE_M:
-                        b_dm += tl.where(at_t, tl.sum(b_k * e_c, 1)[:, None], 0.0)
+                # the diagonal 16x16 block of this key tile (exact per-column quarters, one factorised quarter)
+                d_q, d_m = _diag_block(q_base, k_base, g_base, b_q, b_k, b_g, r0, eos, d, dm, s_qt, s_kt, s_gt,
+                                       STORE_M, DT == tl.float32)
+                b_d += d_q
+                if STORE_M:
+                    b_dm += d_m
+                # (kept to ten lines: the kernels below keep their line numbers, hence their Triton cache keys)
+                #
+                #
+                #
             # earlier columns from acc (zeros after them), the diagonal block from b_d: disjoint stores
             keep = vi[:, None] & col_ok[None, :] & (o[None, :] < bi * 16)
             off_diag = vi[:, None] & ((o < bi * 16) | (o >= bi * 16 + 16))[None, :]
@@ -525,3 +525,50 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
         # int64 tile offset: NK·B·T·HV may pass 2^31
         z_off = db_ptr + i_k.to(tl.int64) * s_zk + i_b * s_zb + i_h * s_zh + ri * s_zt
         tl.store(z_off, tl.load(z_off, mask=vi, other=0.0) + tl.sum(b_ka * b_Rk, 1), mask=vi)
+
+
+@triton.jit
+def _diag_block(q_base, k_base, g_base, b_q, b_k, b_g, r0, eos, d, dm, s_qt, s_kt, s_gt, STORE_M: tl.constexpr,
+                EXACT: tl.constexpr):
+    """One key tile's share of a diagonal 16x16 block of ``kda_aqk_fwd_kernel``: ``[16, 16]`` fp32
+    ``Σ_d q_{i,d} k_{t,d} e^{G_{i,d} − G_{t,d}}`` for ``t ≤ i`` (and the same with ``k_i`` for ``M`` when
+    ``STORE_M``; the caller masks M's diagonal), rows ``r0 + i``. ``b_q, b_k, b_g``: the block's ``[16, BK]``
+    fp32 tiles (invalid rows zero).
+
+    The two 8x8 diagonal quarters column by column with exact masked exponentials, both at once as ``[2, 8, BK]``
+    (8 steps, where one ``[16, BK]`` step per column exponentiated every row, the masked half included); the
+    lower-left quarter (``i >= 8 > t``) factorised through row 8: ``e^{G_i − G_8}`` and ``e^{G_8 − G_t}`` are both
+    ``<= 1`` (SPEC 1.11), one product (IEEE for fp32 inputs, else TF32)."""
+    o2 = tl.arange(0, 2)
+    o8 = tl.arange(0, 8)
+    o16 = tl.arange(0, 16)
+    rows3 = r0 + 8 * o2[:, None, None] + o8[None, :, None]  # [2, 8, 1]: rows 0-7 and 8-15
+    m3 = (rows3 < eos) & dm[None, None, :]
+    q3 = tl.load(q_base + rows3 * s_qt + d[None, None, :], mask=m3, other=0.0).to(tl.float32)
+    g3 = tl.load(g_base + rows3 * s_gt + d[None, None, :], mask=m3, other=0.0).to(tl.float32)
+    acc = tl.zeros([2, 8, 16], dtype=tl.float32)
+    acc_m = tl.zeros([2, 8, 16], dtype=tl.float32)
+    if STORE_M:
+        k3 = tl.load(k_base + rows3 * s_kt + d[None, None, :], mask=m3, other=0.0).to(tl.float32)
+    for t in range(8):
+        r_t = r0 + 8 * o2 + t  # [2]: column t of the upper quarter, 8 + t of the lower
+        mt = (r_t < eos)[:, None] & dm[None, :]
+        k_t = tl.load(k_base + r_t[:, None] * s_kt + d[None, :], mask=mt, other=0.0).to(tl.float32)
+        g_t = tl.load(g_base + r_t[:, None] * s_gt + d[None, :], mask=mt, other=0.0).to(tl.float32)
+        e_c = _masked_exp(g3 - g_t[:, None, :], m3 & (o8 >= t)[None, :, None] & mt[:, None, :]) * k_t[:, None, :]
+        at_t = o16[None, None, :] == (8 * o2[:, None, None] + t)
+        acc += tl.where(at_t, tl.sum(q3 * e_c, 2)[:, :, None], 0.0)
+        if STORE_M:
+            acc_m += tl.where(at_t, tl.sum(k3 * e_c, 2)[:, :, None], 0.0)
+    # lower-left quarter through row 8 (its G only when row 8 is inside the sequence: e^{G_8 − G_t} needs it)
+    r8 = r0 + 8
+    g8 = tl.load(g_base + r8 * s_gt + d, mask=dm & (r8 < eos), other=0.0).to(tl.float32)
+    vi = (r0 + o16) < eos
+    lower = (o16 >= 8)[:, None]
+    f_i = _masked_exp(b_g - g8[None, :], vi[:, None] & dm[None, :] & lower)
+    k_t = b_k * _masked_exp(g8[None, :] - b_g, vi[:, None] & dm[None, :] & ~lower & (r8 < eos))
+    d_q = tl.reshape(acc, [16, 16]) + _dot_f32(b_q * f_i, tl.trans(k_t), EXACT)
+    d_m = d_q
+    if STORE_M:
+        d_m = tl.reshape(acc_m, [16, 16]) + _dot_f32(b_k * f_i, tl.trans(k_t), EXACT)
+    return d_q, d_m
