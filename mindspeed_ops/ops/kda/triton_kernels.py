@@ -70,9 +70,9 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
     Grid ``(chunks · B · HV, BT / 16)``: one 16-row block per program (the blocks are independent; one
     program looping over a chunk's four blocks took 1.04 ms at T = 8192, HV = 32 on the H200).
     Rows in 16-row blocks starting at ``r``: columns of earlier blocks (``j < r``) by ``tl.dot`` of
-    ``q_i e^{G_i − G_r}`` (``k_i e^{G_i − G_r}``) with ``k_j e^{G_r − G_j}``; the diagonal 16x16 block one
-    column ``t`` at a time, with the exact masked ``e^{G_i − G_t}`` on a ``[16, BK]`` tile (no per-pair
-    ``[16, 16, BK]`` tensor), stored apart from the rest."""
+    ``q_i e^{G_i − G_r}`` (``k_i e^{G_i − G_r}``) with ``k_j e^{G_r − G_j}``; the diagonal 16x16 block by
+    ``_diag_block`` (exact masked ``e^{G_i − G_t}`` for its two 8x8 diagonal quarters, the lower-left one
+    factorised through row 8), stored apart from the rest."""
     i_b, i_h, i_hk, bi, start, eos, r0 = _row_block(BHV, HV, GRP, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
     if r0 < eos:
         o = tl.arange(0, BT)
