@@ -7,11 +7,11 @@ last dim has unit stride: launchers pass ``unit_last_stride`` views); one progra
 row, value head), flattened onto grid axis 0 (``_program``; varlen chunks through ``chunk_indices``);
 rows past the sequence end are neither read (masked loads) nor written; fp32 math, one rounding on
 store; ``tl.dot`` operands in the key dtype (IEEE fp32 for fp32 inputs, tensor cores for 16-bit ones),
-fp32 accumulation; no ``tl.trans`` (transposed operands are loaded transposed from memory).
+fp32 accumulation; no ``tl.trans`` of a dot result (``_diag_block`` transposes one loaded [16, BK] tile).
 
 Gate robustness (SPEC 1.11): per-channel decays ``e^{G_{i,d} − G_{j,d}}`` cannot leave the dot product.
-The chunk is cut into 16-row blocks. Pairs inside a diagonal 16x16 block get the exact per-pair
-exponential of the masked difference. Pairs across blocks use ``tl.dot`` of factors
+The chunk is cut into 16-row blocks; a diagonal 16x16 block's two 8x8 diagonal quarters get the exact per-pair
+exponential of the masked difference, its lower-left quarter factors through row 8. Across blocks, dots of factors
 ``e^{G_i − G_r}`` (rows ``i ≥ r``) and ``e^{G_r − G_j}`` (columns ``j < r``), with the reference ``r``
 the **first row of the row block**: both arguments are ``≤ 0`` for non-positive gates (gates down to
 −1000 never overflow), and no quantity a row uses depends on a later row (bitwise causality).
