@@ -10,6 +10,7 @@ import torch
 
 from ...validation import (FLOAT_DTYPES, check_cu_seqlens, check_cu_seqlens_device, check_same_device, check_same_dtype, check_tensor,
                            reject_float64, shape_str)
+from .common import check_value_heads
 
 MAX_K = 256
 CHUNK_SIZES = (16, 32, 64)
@@ -65,9 +66,7 @@ def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chun
     check_tensor(op, "v", v, shape=(B, T, None, None), shape_desc="[B, T, HV, V]")
     check_same_dtype(op, q=q, k=k, v=v)
     HV, V = v.shape[2], v.shape[3]
-    if H == 0 or HV == 0 or HV % H:
-        raise ValueError(f"{op}: the value heads HV = {HV} (v.shape[2]) must be a positive multiple of the q/k heads "
-                         f"H = {H} (q.shape[2])")
+    check_value_heads(op, HV, H, "v.shape[2]", "q.shape[2]")
     if K > MAX_K:
         raise ValueError(f"{op}: the head dim K must be <= {MAX_K}, got q of shape {shape_str(q.shape)}")
     check_tensor(op, "beta", beta, shape=(B, T, HV), shape_desc="[B, T, HV]")

@@ -10,7 +10,7 @@ from ... import triton_utils as tu
 from ...validation import check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str
 from ..common import unit_last_stride
 from . import reference_bwd as _ref
-from .common import chunk_table, prune_v_tiles, use_triton
+from .common import check_value_heads, chunk_table, prune_v_tiles, use_triton
 
 OP = "chunk_bwd_dv_local"
 MAX_K = 256
@@ -25,9 +25,7 @@ def check_qk_do(op: str, q, k, do, g, scale, chunk_size, cu_seqlens) -> Optional
     check_tensor(op, "do", do, ndim=4)
     check_tensor(op, "do", do, shape=(B, T, None, None), shape_desc="[B, T, HV, V]")
     HV = do.shape[2]
-    if H == 0 or HV % H:
-        raise ValueError(f"{op}: the value heads HV = {HV} (do.shape[2]) must be a multiple of the key heads "
-                         f"H = {H} (q.shape[2])")
+    check_value_heads(op, HV, H, "do.shape[2]", "q.shape[2]")
     if K > MAX_K:
         raise ValueError(f"{op}: the head dim K must be <= {MAX_K}, got q of shape {shape_str(q.shape)}")
     if chunk_size not in (16, 32, 64):

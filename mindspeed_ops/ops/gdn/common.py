@@ -21,6 +21,15 @@ def use_triton(device: torch.device) -> bool:
     return backends.backend_status("triton", device)[0]
 
 
+def check_value_heads(op: str, HV: int, H: int, hv_from: str, h_from: str) -> None:
+    """GVA head counts (SPEC 0.3): ``HV`` value heads a positive multiple of ``H`` key heads (value head ``i`` reads
+    key head ``i // (HV // H)``). ``hv_from`` / ``h_from`` name where each count was read (``"v.shape[2]"``).
+    Raises ``ValueError`` naming both."""
+    if H == 0 or HV == 0 or HV % H:
+        raise ValueError(f"{op}: the value heads HV = {HV} ({hv_from}) must be a positive multiple of the key heads "
+                         f"H = {H} ({h_from})")
+
+
 def fold_value_heads(x: torch.Tensor, H: int) -> torch.Tensor:
     """``[B, T, HV, K]`` -> ``[B, T, H, K]``: the sum over the ``HV // H`` value heads sharing each q/k head
     (GVA; consecutive heads), deterministic. Two heads per key head (Qwen3-Next's layout) take one

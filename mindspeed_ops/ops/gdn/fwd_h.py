@@ -9,7 +9,7 @@ from ... import triton_utils as tu
 from ...validation import (check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str)
 from ..common import unit_last_stride
 from . import reference_fwd as _ref
-from .common import chunk_table, row_factor_args, sequence_chunks, use_triton
+from .common import check_value_heads, chunk_table, row_factor_args, sequence_chunks, use_triton
 
 OP = "chunk_gated_delta_rule_fwd_h"
 MAX_K = 256
@@ -23,9 +23,7 @@ def check_args(k, w, u, g, gk, initial_state, chunk_size, cu_seqlens) -> Optiona
     check_tensor(OP, "w", w, ndim=4)
     HV = w.shape[2]
     check_tensor(OP, "w", w, shape=(B, T, HV, K), shape_desc="[B, T, HV, K]")
-    if HV % H:
-        raise ValueError(f"{OP}: the value heads HV = {HV} (w.shape[2]) must be a multiple of the key heads "
-                         f"H = {H} (k.shape[2])")
+    check_value_heads(OP, HV, H, "w.shape[2]", "k.shape[2]")
     check_tensor(OP, "u", u, ndim=4)
     check_tensor(OP, "u", u, shape=(B, T, HV, None), shape_desc="[B, T, HV, V]")
     if K > MAX_K:

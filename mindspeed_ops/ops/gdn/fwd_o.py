@@ -10,7 +10,7 @@ from ... import triton_utils as tu
 from ...validation import check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str
 from ..common import unit_last_stride
 from . import reference_fwd as _ref
-from .common import chunk_table, prune_v_tiles, row_factor_pair_args, use_triton
+from .common import check_value_heads, chunk_table, prune_v_tiles, row_factor_pair_args, use_triton
 from .fwd_h import kernel_view
 
 OP = "chunk_fwd_o"
@@ -26,9 +26,7 @@ def check_args(q, k, v, h, g, scale, chunk_size, cu_seqlens) -> tuple[Optional[l
     check_tensor(OP, "v", v, ndim=4)
     check_tensor(OP, "v", v, shape=(B, T, None, None), shape_desc="[B, T, HV, V]")
     HV, V = v.shape[2], v.shape[3]
-    if HV % H:
-        raise ValueError(f"{OP}: the value heads HV = {HV} (v.shape[2]) must be a multiple of the key heads "
-                         f"H = {H} (q.shape[2])")
+    check_value_heads(OP, HV, H, "v.shape[2]", "q.shape[2]")
     if K > MAX_K:
         raise ValueError(f"{OP}: the head dim K must be <= {MAX_K}, got q of shape {shape_str(q.shape)}")
     if chunk_size not in (16, 32, 64):

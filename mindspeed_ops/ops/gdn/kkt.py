@@ -8,7 +8,7 @@ import torch
 from ... import triton_utils as tu
 from ...validation import check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str
 from . import reference_wy as _ref
-from .common import chunk_table, row_factor_args, use_triton
+from .common import check_value_heads, chunk_table, row_factor_args, use_triton
 
 OP = "chunk_scaled_dot_kkt_fwd"
 CHUNK_SIZES = (16, 32, 64)
@@ -46,9 +46,7 @@ def check_args(k: torch.Tensor, g: Optional[torch.Tensor], gk: Optional[torch.Te
     if src is not None:
         check_tensor(OP, src[0], src[1], min_ndim=3)
     HV = H if src is None else src[1].shape[2]
-    if HV == 0 or H == 0 or HV % H:
-        raise ValueError(f"{OP}: the value heads HV = {HV} (from {src[0] if src else 'k'}) must be a positive "
-                         f"multiple of k's heads H = {H}")
+    check_value_heads(OP, HV, H, f"{src[0]}.shape[2]" if src else "k.shape[2]", "k.shape[2]")
     if beta is not None:
         check_tensor(OP, "beta", beta, shape=(B, T, HV), shape_desc="[B, T, HV]")
     if g is not None:

@@ -9,7 +9,7 @@ import torch
 from ... import triton_utils as tu
 from ...validation import check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str
 from . import reference_wy as _ref
-from .common import chunk_table, fold_value_heads, row_factor_args, use_triton
+from .common import check_value_heads, chunk_table, fold_value_heads, row_factor_args, use_triton
 from .kkt import CHUNK_SIZES, MAX_K, key_tile
 
 FWD = "recompute_w_u_fwd"
@@ -56,8 +56,7 @@ def _check_common(op: str, k, v, beta, A, g, gk=None, **extra) -> tuple[int, int
     if K > MAX_K:
         raise ValueError(f"{op}: the key head dim K must be <= {MAX_K}, got k of shape {shape_str(k.shape)}")
     check_tensor(op, "v", v, shape=(B, T, None, None), shape_desc="[B, T, HV, V]")
-    if H == 0 or HV == 0 or HV % H:
-        raise ValueError(f"{op}: v's heads HV = {HV} must be a positive multiple of k's heads H = {H}")
+    check_value_heads(op, HV, H, "v.shape[2]", "k.shape[2]")
     check_tensor(op, "beta", beta, shape=(B, T, HV), shape_desc="[B, T, HV]")
     check_tensor(op, "A", A, ndim=4)
     BT = A.shape[-1]

@@ -10,6 +10,7 @@ import torch
 
 from ...validation import check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str
 from ..gdn import args as _gdn_args
+from ..gdn.common import check_value_heads
 
 CHUNK_SIZES = (32, 64)
 MAX_K = _gdn_args.MAX_K
@@ -71,9 +72,7 @@ def check_qkv_gk(op: str, q, k, v, gk, beta, scale, chunk_size, cu_seqlens, **ot
     if src is not None:
         check_tensor(op, src[0], src[1], ndim=4)
     HV = H if src is None else src[1].shape[2]
-    if H == 0 or HV == 0 or HV % H:
-        raise ValueError(f"{op}: the value heads HV = {HV} ({src[0] if src else 'k'}.shape[2]) must be a positive "
-                         f"multiple of the q/k heads H = {H} (k.shape[2])")
+    check_value_heads(op, HV, H, f"{src[0] if src else 'k'}.shape[2]", "k.shape[2]")
     if v is not None:
         check_tensor(op, "v", v, shape=(B, T, HV, None), shape_desc="[B, T, HV, V]")
     if gk is not None:

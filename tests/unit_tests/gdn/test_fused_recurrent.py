@@ -178,7 +178,7 @@ def test_bad_input():
     op = "fused_recurrent_gated_delta_rule"
     with pytest.raises(ValueError, match=rf"{op}: k must have shape \[B, T, H, K\] = \[1, 4, 2, 16\], got"):
         fr(q, q[..., :8], v, None, beta)
-    with pytest.raises(ValueError, match="multiple of the q/k heads"):
+    with pytest.raises(ValueError, match=r"HV = 3 \(v.shape\[2\]\) must be a positive multiple of the key heads H = 2"):
         fr(q, q, v[:, :, :3], None, beta[:, :, :3])
     with pytest.raises(ValueError, match=r"beta must have shape \[B, T, HV\] = \[1, 4, 4\], got \[1, 4, 4, 1\]"):
         fr(q, q, v, None, beta[..., None])

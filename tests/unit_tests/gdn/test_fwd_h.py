@@ -187,6 +187,8 @@ def test_bad_input():
         f(k, w[..., :15], u)
     with pytest.raises(ValueError, match="multiple of the key heads"):
         f(k, w[:, :, :3], u[:, :, :3])
+    with pytest.raises(ValueError, match=r"HV = 4 \(w.shape\[2\]\) must be a positive multiple of the key heads H = 0"):
+        f(k[:, :, :0], w, u)  # no key heads: a clear error (was a ZeroDivisionError)
     with pytest.raises(ValueError, match=r"u must have shape \[B, T, HV, V\]"):
         f(k, w, u[:, :31])
     with pytest.raises(ValueError, match="K must be <= 256"):

@@ -146,6 +146,8 @@ def test_bad_input():
         f(q, q[..., :8], v, h)
     with pytest.raises(ValueError, match="multiple of the key heads"):
         f(q, q, v[:, :, :3], h[:, :, :3])
+    with pytest.raises(ValueError, match=r"HV = 4 \(v.shape\[2\]\) must be a positive multiple of the key heads H = 0"):
+        f(q[:, :, :0], q[:, :, :0], v, h)  # no key heads: a clear error (was a ZeroDivisionError)
     with pytest.raises(ValueError, match=r"h must have shape \[B, NT, HV, K, V\] = \[1, 2, 4, 16, 8\]"):
         f(q, q, v, h, chunk_size=16)
     with pytest.raises(ValueError, match=r"h must have shape \[B, NT, HV, K, V\] = \[1, 2, 4, 16, 8\]"):

@@ -187,7 +187,7 @@ def test_bad_input():
         f(k, g=g[..., :2], beta=beta)
     with pytest.raises(ValueError, match=r"gk must have shape \[B, T, HV, K\] = \[1, 32, 4, 16\], got \[1, 32, 4, 8\]"):
         f(k, gk=torch.randn(1, 32, 4, 8, device=DEVICE), beta=beta)
-    with pytest.raises(ValueError, match="HV = 3 .* multiple of k's heads H = 2"):
+    with pytest.raises(ValueError, match="HV = 3 .* multiple of the key heads H = 2"):
         f(k, beta=beta[..., :3])
     with pytest.raises(TypeError, match="output_dtype"):
         f(k, output_dtype=torch.int32)

@@ -262,7 +262,7 @@ def test_bad_input():
         recompute_w_u_fwd(k, v, beta, A, g=G, gk=Gk)
     with pytest.raises(ValueError, match=r"gk must have shape \[B, T, HV, K\] = \[1, 32, 2, 16\]"):
         recompute_w_u_fwd(k, v, beta, A, gk=Gk[..., :8])
-    with pytest.raises(ValueError, match="HV = 3 must be a positive multiple of k's heads H = 2"):
+    with pytest.raises(ValueError, match=r"HV = 3 \(v.shape\[2\]\) must be a positive multiple of the key heads H = 2"):
         recompute_w_u_fwd(k.expand(-1, -1, 2, -1), v[:, :, :1].expand(-1, -1, 3, -1), beta, A)
     with pytest.raises(ValueError, match="K must be <= 256"):
         recompute_w_u_fwd(torch.randn(1, 32, 1, 300), v, beta, A)
