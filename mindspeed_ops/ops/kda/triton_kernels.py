@@ -567,8 +567,11 @@ def _diag_block(q_base, k_base, g_base, b_q, b_k, b_g, r0, eos, d, dm, s_qt, s_k
     lower = (o16 >= 8)[:, None]
     f_i = _masked_exp(b_g - g8[None, :], vi[:, None] & dm[None, :] & lower)
     k_t = b_k * _masked_exp(g8[None, :] - b_g, vi[:, None] & dm[None, :] & ~lower & (r8 < eos))
-    d_q = tl.reshape(acc, [16, 16]) + _dot_f32(b_q * f_i, tl.trans(k_t), EXACT)
+    # the product only on its quarter: gates outside SPEC 1.11 (rising G) may overflow a factor, and its NaN must
+    # not reach the exact quarters
+    ll = (o16 >= 8)[:, None] & (o16 < 8)[None, :]
+    d_q = tl.reshape(acc, [16, 16]) + tl.where(ll, _dot_f32(b_q * f_i, tl.trans(k_t), EXACT), 0.0)
     d_m = d_q
     if STORE_M:
-        d_m = tl.reshape(acc_m, [16, 16]) + _dot_f32(b_k * f_i, tl.trans(k_t), EXACT)
+        d_m = tl.reshape(acc_m, [16, 16]) + tl.where(ll, _dot_f32(b_k * f_i, tl.trans(k_t), EXACT), 0.0)
     return d_q, d_m

@@ -221,3 +221,30 @@ def test_real_stages_bf16(shape, BT, cu):
     for name, o, r_, cls in zip(("dq", "dk", "dv", "db", "dg", "dA"), out, refs,
                                 ("LA-d", "LA-d", "LA-d", "LA-g", "LA-g", "LA-d")):
         assert_close(name, r_, o, threshold(cls, dt))
+
+
+def test_aqk_diagonal_quarters_keep_a_rising_gate_local():
+    """A rising G (outside SPEC 1.11's non-positive gates) at row 8 of a 16-row block overflows the factor of the
+    diagonal block's lower-left quarter; the exact quarters (rows 0-7, and rows 9-15 against columns 8-15) must not
+    see it."""
+    from mindspeed_ops.ops.kda import intra
+
+    T, K, BT = 32, 16, 32
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, T, 1, K, generator=gen) * 0.3
+    k = torch.randn(1, T, 1, K, generator=gen) * 0.3
+    G = torch.zeros(1, T, 1, K)
+    G[0, 8, 0, 0] = 200.0
+    q[0, 8, 0, 0] = k[0, 8, 0, 0] = 0.0
+    beta = torch.full((1, T, 1), 0.5)
+    A, _, _, M = intra.aqk_forward(*(_dev(t, torch.float32) for t in (q, k, G)), K ** -0.5, None, None, BT,
+                                   beta=_dev(beta, torch.float32))
+    qd, kd, Gd = q[0, :, 0].double(), k[0, :, 0].double(), G[0, :, 0].double()
+    D = Gd[:, None, :] - Gd[None, :, :]
+    E = torch.where(torch.ones(T, T, dtype=torch.bool).tril()[:, :, None], D, float("-inf")).exp()
+    ref = K ** -0.5 * torch.einsum("id,jd,ijd->ij", qd, kd, E)
+    A = A[0, :, 0].double().cpu()
+    for rows, cols in ((slice(0, 8), slice(0, 16)), (slice(9, 16), slice(8, 16))):
+        assert torch.isfinite(A[rows, cols]).all()
+        assert torch.allclose(A[rows, cols], ref[rows, cols], rtol=1e-5, atol=1e-6)
+    assert torch.isfinite(M[0, :8, 0].cpu()).all() and torch.isfinite(M[0, 9:16, 0, 8:16].cpu()).all()
