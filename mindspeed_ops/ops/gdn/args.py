@@ -95,6 +95,18 @@ def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chun
     return N, HV
 
 
+def default_scale(op: str, q, scale):
+    """``scale`` as the ops pass it on: ``K ** -0.5`` for None (SPEC 1.10.10), a number as a float. Raises
+    ``ValueError`` for None with ``K = 0`` (no default exists; it was a ZeroDivisionError)."""
+    K = q.shape[-1] if q.dim() == 4 else 1
+    if scale is None:
+        if K == 0:
+            raise ValueError(f"{op}: q has head dim K = 0 (shape {shape_str(q.shape)}): the default scale K ** -0.5 "
+                             "is undefined; pass scale")
+        return float(K ** -0.5)
+    return float(scale) if isinstance(scale, (int, float)) else scale
+
+
 def check_cu_seqlens_cpu(op: str, cu_seqlens, cu_seqlens_cpu) -> None:
     """Metadata of the ``cu_seqlens_cpu`` hint, no value read (runs on fake tensors too): a 1-D
     int32/int64 tensor on the CPU (a device tensor would need the very sync the hint avoids) with as
@@ -118,10 +130,15 @@ def host_cu(op: str, q, cu_seqlens, cu_seqlens_cpu=None) -> Optional[list]:
     Without ``cu_seqlens_cpu``: one device->host read of ``cu_seqlens`` (a sync). With it, ``cu_seqlens``
     is not read at all: the hint's metadata is checked against ``cu_seqlens``' (dtype, 1-D, CPU, same
     length), its values are validated (``[0] == 0``, non-decreasing, ``[-1] <= T``) and used. That they
-    equal ``cu_seqlens``' values is trusted: checking it would need the read the hint avoids."""
+    equal ``cu_seqlens``' values is trusted for a device ``cu_seqlens`` (checking would need the read the hint
+    avoids) and checked for a CPU one (free: a mismatch would silently win)."""
     check_cu_seqlens_cpu(op, cu_seqlens, cu_seqlens_cpu)
     if cu_seqlens is None:
         return None
     if cu_seqlens_cpu is None:
         return check_cu_seqlens(op, cu_seqlens, batch=q.shape[0], total=q.shape[1])
-    return check_cu_seqlens(op, cu_seqlens_cpu, batch=q.shape[0], total=q.shape[1], name="cu_seqlens_cpu")
+    cu_host = check_cu_seqlens(op, cu_seqlens_cpu, batch=q.shape[0], total=q.shape[1], name="cu_seqlens_cpu")
+    if cu_seqlens.device.type == "cpu" and not torch.equal(cu_seqlens.long(), cu_seqlens_cpu.long()):
+        raise ValueError(f"{op}: cu_seqlens_cpu {cu_host} must hold the values of cu_seqlens (it is their host copy); "
+                         "they differ")
+    return cu_host

@@ -205,8 +205,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     eq. (10) and the chunkwise WY form; Qwen3-Next model code.
     """
     cu_seqlens, cu_cpu = _args.cu_seqlens_hint(OP, cu_seqlens, _args.kwargs_policy(OP, kwargs))
-    K = q.shape[-1] if q.dim() == 4 else 1
-    scale = float(K ** -0.5) if scale is None else float(scale) if isinstance(scale, (int, float)) else scale
+    scale = _args.default_scale(OP, q, scale)
     o, final, _, _ = _chunk_gdr(q, k, v, g, beta, scale, initial_state, bool(output_final_state),
                                 bool(use_qk_l2norm_in_kernel), cu_seqlens, int(chunk_size), cu_cpu)
     return o, (final if output_final_state else None)

@@ -195,7 +195,7 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
     """
     cu_seqlens, cu_cpu = _args.cu_seqlens_hint(OP, cu_seqlens, _args.kwargs_policy(OP, kwargs))
     check_args(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_cpu)
-    sc = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    sc = float(_args.default_scale(OP, q, scale))
     o, fs = _fused_recurrent(q, k, v, g, beta, sc, initial_state, bool(output_final_state),
                              bool(use_qk_l2norm_in_kernel), cu_seqlens, cu_cpu)
     return o, (fs if output_final_state else None)

@@ -19,6 +19,7 @@ from ..gdn.reference import _l2norm, chunk_local_cumsum_ref, solve_tril_ref
 from ..gdn.reference_wy import chunk_scaled_dot_kkt_fwd_ref
 from ..gdn.args import check_cu_seqlens_cpu as _check_cu_cpu
 from ..gdn.args import cu_seqlens_hint as _cu_seqlens_hint
+from ..gdn.args import default_scale as _gdn_default_scale
 from ..gdn.args import host_cu as _host_cu
 from . import args as _args
 from . import chunk as _chunk
@@ -208,7 +209,7 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[tor
     """
     cu_seqlens, cu_cpu = _cu_seqlens_hint(OP, cu_seqlens, _args.kwargs_policy(OP, kwargs))
     K = q.shape[-1] if q.dim() == 4 else 1
-    scale = float(K ** -0.5) if scale is None else float(scale) if isinstance(scale, (int, float)) else scale
+    scale = _gdn_default_scale(OP, q, scale)
     if g is None and isinstance(v, torch.Tensor) and v.dim() == 4 and q.dim() == 4:
         g = torch.zeros(*v.shape[:3], K, dtype=torch.float32, device=v.device)
     o, final, _, _, _ = _chunk_kda(q, k, v, g, beta, scale, initial_state, bool(output_final_state),

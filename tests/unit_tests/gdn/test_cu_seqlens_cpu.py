@@ -94,7 +94,11 @@ def test_no_host_read_with_hint(fam, monkeypatch):
             _run(fam, ins, cu_seqlens=cu)
         _HostReadSpy(monkeypatch, bad)
         _assert_equal(_run(fam, ins, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor(CU)), base)
-        _assert_equal(_run(fam, ins, cu_seqlens=bad, cu_seqlens_cpu=torch.tensor(CU)), base)
+        if bad.device.type == "cpu":  # a CPU cu_seqlens is compared with its hint (free): a mismatch is an error
+            with pytest.raises(ValueError, match=r"cu_seqlens_cpu \[0, 13, 13, 37\] must hold the values of cu_seqlens"):
+                _run(fam, ins, cu_seqlens=bad, cu_seqlens_cpu=torch.tensor(CU))
+        else:
+            _assert_equal(_run(fam, ins, cu_seqlens=bad, cu_seqlens_cpu=torch.tensor(CU)), base)
 
 
 @pytest.mark.parametrize("fam", ["gdn", "kda"])
@@ -147,6 +151,9 @@ def test_bad_hint(fam):
         call(torch.tensor([0, 13, 12, 37]))
     with pytest.raises(ValueError, match=r"cu_seqlens_cpu\[-1\] must be <= T = 40"):
         call(torch.tensor([0, 13, 13, 41]))
+    if DEVICE == "cpu":  # valid offsets that are not cu_seqlens' (a CPU cu_seqlens is compared: no sync needed)
+        with pytest.raises(ValueError, match=r"cu_seqlens_cpu \[0, 20, 20, 37\] must hold the values of cu_seqlens"):
+            call(torch.tensor([0, 20, 20, 37]))
     # the registered ops check it as well, the _bwd op and the fakes included (metadata only there)
     fwd, bwd = getattr(ops, OPS[fam]), getattr(ops, OPS[fam] + "_bwd")
     with pytest.raises(ValueError, match="cu_seqlens_cpu must have the shape of cu_seqlens"):
@@ -180,8 +187,23 @@ def test_compile_with_hint(fam):
     torch._dynamo.reset()
     bad = torch.tensor([0, 99, 5, 3], dtype=torch.int32, device=DEVICE)
     compiled = torch.compile(fn, fullgraph=True)
-    for cu in (_cu(), bad):
+    for cu in (_cu(), bad) if bad.device.type != "cpu" else (_cu(),):  # a CPU cu_seqlens is compared with its hint
         assert_compiled_matches_eager(eager, compiled, [(_inputs(fam), cu, torch.tensor(CU))], rtol=1e-5, atol=1e-6)
 
 
 # opcheck of the forward and _bwd ops with the hint: test_registration_sweep.py (its ``*_hint`` cases)
+
+
+def test_zero_head_dim_needs_a_scale():
+    """K = 0 with the default scale (K ** -0.5 undefined) is a ValueError naming q, in all three ops (it was a
+    ZeroDivisionError); with an explicit scale the op runs (the outputs are 0)."""
+    from mindspeed_ops.api import chunk_gated_delta_rule, chunk_kda, fused_recurrent_gated_delta_rule
+
+    q, v, beta = torch.randn(1, 4, 1, 0), torch.randn(1, 4, 1, 8), torch.rand(1, 4, 1)
+    for f, g in ((chunk_gated_delta_rule, -torch.rand(1, 4, 1)), (chunk_kda, torch.zeros(1, 4, 1, 0)),
+                 (fused_recurrent_gated_delta_rule, -torch.rand(1, 4, 1))):
+        q, v, beta, g = (t.to(DEVICE) for t in (q, v, beta, g))
+        with pytest.raises(ValueError, match=r"q has head dim K = 0 .*the default scale K \*\* -0.5 is undefined"):
+            f(q, q, v, g, beta)
+        o = f(q, q, v, g, beta, scale=1.0)[0]
+        assert o.shape == v.shape and not o.any()
