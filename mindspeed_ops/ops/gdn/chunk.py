@@ -14,6 +14,7 @@ import torch
 
 from ... import backends
 from ... import triton_utils as tu
+from .. import side_stream
 from ..common import unit_last_stride
 from ..norm.l2norm import rstd as _l2_rstd
 from . import bwd_dhu, bwd_dqkwg, bwd_dv, cumsum, fwd_h, fwd_o, kkt, kkt_solve, solve_tril, wy_fast
@@ -73,8 +74,9 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
 def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, use_qk_l2norm_in_kernel: bool,
              cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int):
     """Backward pipeline of SPEC 1.10.0 from the saved inputs, ``G`` and ``Ainv`` (``w, u, h, v_new``
-    recomputed). Returns ``(dq, dk, dv, dg or None, dbeta, dh0 or None)``: dg/dbeta/dh0 in fp32, dq/dk in fp32
-    (in q's/k's dtype with the in-kernel l2norm, whose backward writes them)."""
+    recomputed; the forward scan on a side stream, :mod:`..side_stream`). Returns ``(dq, dk, dv, dg or None,
+    dbeta, dh0 or None)``: dg/dbeta/dh0 in fp32, dq/dk in fp32 (in q's/k's dtype with the in-kernel l2norm,
+    whose backward writes them)."""
     BT = chunk_size
     do = unit_last_stride(do)  # once (an expanded upstream gradient, e.g. of o.sum(), has last stride 0), not per stage
     cu, idx = device_tables(cu_host, BT, q.device)
@@ -85,9 +87,15 @@ def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, us
     else:
         qn, kn = q, k
     w, u = wy_fast.forward(kn, v, beta, Ainv, G, None, cu_host, cu, idx)
-    h, v_new, _ = fwd_h.forward(kn, w, u, G, None, initial_state, False, BT, True, cu_host)
+    # the reverse scan (dh) does not read h: the recomputed forward scan runs beside dv_local and dhu where
+    # both scans fit on the SMs side by side (programs at the usual 32-wide V tile)
+    N, HV, V = (q.shape[0] if cu_host is None else len(cu_host) - 1), v.shape[2], v.shape[3]
+    side = side_stream.fork(q.device, programs=N * HV * tu.cdiv(V, 32))
+    h, v_new, _ = side_stream.on_side(side, fwd_h.forward, kn, w, u, G, None, initial_state, False, BT, True,
+                                      cu_host)
     dv_local = bwd_dv.forward(qn, kn, do, G, scale, cu_host, cu, BT, idx)
     dh, dh0, dv2 = bwd_dhu.forward(qn, kn, w, do, dv_local, G, None, initial_state, dht, scale, BT, cu_host)
+    side_stream.join(side, h, v_new)  # before any input of the side branch (u) is freed
     del dv_local, u  # the recomputed intermediates go as soon as their last stage has run (peak memory)
     dq, dk, dw, dG = bwd_dqkwg.forward(qn, kn, v_new, do, h, dh, G, dv2, w, scale, cu_host, cu, BT, idx,
                                        dw_dtype=tu.kernel_dtype(kn.dtype))

@@ -44,26 +44,31 @@ def _block_k(K: int, cap: int) -> int:
 # dAqk and the local dv
 # ------------------------------------------------------------------------------------------------
 
-def dav_forward(v_new, do, Aqk, scale: float, cu_host, cu_seqlens, chunk_indices=None):
-    """Launch of ``kda_bwd_dav_kernel``: ``(dAq [B,T,HV,BT] fp32, dv [B,T,HV,V] in do.dtype)``."""
+def dav_forward(v_new, do, Aqk, scale: float, cu_host, cu_seqlens, chunk_indices=None, dA: bool = True,
+                dv: bool = True):
+    """Launch of ``kda_bwd_dav_kernel``: ``(dAq [B,T,HV,BT] fp32, dv [B,T,HV,V] in do.dtype)``; ``dA=False`` /
+    ``dv=False`` skip that output (None in its place; ``v_new`` is not read without ``dA``), so the backward
+    can form ``dv`` before the state scan that makes ``v_new``."""
     from .triton_kernels import kda_bwd_dav_kernel
 
     B, T, HV, V = do.shape
     BT = Aqk.shape[-1]
     dev = do.device
-    vn, dd, aa = (unit_last_stride(tu.kernel_input(t)) for t in (v_new, do, Aqk))
-    dA = torch.empty(B, T, HV, BT, dtype=torch.float32, device=dev)
-    dv = torch.empty(B, T, HV, V, dtype=tu.kernel_dtype(do.dtype), device=dev)
-    _zero_tail(cu_host, T, dA, dv)
+    dd, aa = (unit_last_stride(tu.kernel_input(t)) for t in (do, Aqk))
+    vn = unit_last_stride(tu.kernel_input(v_new)) if dA else dd
+    dA_out = torch.empty(B, T, HV, BT, dtype=torch.float32, device=dev) if dA else None
+    dv_out = torch.empty(B, T, HV, V, dtype=tu.kernel_dtype(do.dtype), device=dev) if dv else None
+    _zero_tail(cu_host, T, dA_out, dv_out)
     NT, cu, idx = chunk_table(DAV_OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, dev)
-    if NT and B and HV:
+    if NT and B and HV and (dA or dv):
         dummy = dd
+        a_arg, v_arg = (dummy if t is None else t for t in (dA_out, dv_out))
         kda_bwd_dav_kernel[(NT * B * HV,)](
-            vn, dd, aa, dA, dv, dummy if cu is None else cu, dummy if idx is None else idx, T, B * HV, HV, V,
-            float(scale), *vn.stride()[:3], *dd.stride()[:3], *aa.stride()[:3], *dA.stride()[:3], *dv.stride()[:3],
-            BT=BT, BV=_block_k(V, 32 if dd.dtype == torch.float32 else 64), IS_VARLEN=idx is not None,
-            num_warps=8 if dd.dtype == torch.float32 else 4)
-    return dA, tu.finish(dv, do.dtype)
+            vn, dd, aa, a_arg, v_arg, dummy if cu is None else cu, dummy if idx is None else idx, T, B * HV, HV, V,
+            float(scale), *vn.stride()[:3], *dd.stride()[:3], *aa.stride()[:3], *a_arg.stride()[:3],
+            *v_arg.stride()[:3], BT=BT, BV=_block_k(V, 32 if dd.dtype == torch.float32 else 64),
+            IS_VARLEN=idx is not None, DA=dA, DV=dv, num_warps=8 if dd.dtype == torch.float32 else 4)
+    return dA_out, None if dv_out is None else tu.finish(dv_out, do.dtype)
 
 
 def chunk_kda_bwd_dav(v_new: torch.Tensor, do: torch.Tensor, Aqk: torch.Tensor, scale: Optional[float] = None,

@@ -6,7 +6,8 @@ GDN's ``recompute_w_u_fwd`` with ``gk``) -> ``h, v_new, final_state`` by GDN's s
 ``kg`` -> ``o`` by the KDA output stage. Saved for the backward: the inputs, ``G``, ``Akk``, ``Aqk``.
 
 Backward: ``w, u``, ``qg = q ⊙ e^G``, ``kg``, ``h, v_new`` recomputed -> ``dAqk, dv_local`` (KDA) ->
-``dh, dh0, dv2`` by GDN's reverse state scan with ``gk`` on ``qg, kg`` -> ``chunk_kda_bwd_wy_dqkg_fused``
+``dh, dh0, dv2`` by GDN's reverse state scan (which needs neither ``h`` nor ``dAqk``: those two run on a side
+stream, :mod:`..side_stream`) with ``gk`` on ``qg, kg`` -> ``chunk_kda_bwd_wy_dqkg_fused``
 (KDA, SPEC 1.11.2) -> the intra-chunk paths through ``Aqk`` and ``M`` (KDA) -> ``dg`` = reverse chunk-local
 cumsum of ``dG`` (GDN) -> l2norm backward, which sums dq/dk over the value heads of each key head as it
 reads them (``dy_group``; without the in-kernel l2norm, ``fold_value_heads`` does the sum).
@@ -21,6 +22,7 @@ from typing import Optional
 import torch
 
 from ... import backends
+from .. import side_stream
 from ..common import unit_last_stride
 from ..norm.l2norm import rstd as _l2_rstd
 from ..gdn.bwd_dhu import forward as _dhu_forward
@@ -78,10 +80,20 @@ def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, u
     # qg = q ⊙ e^G and kg = k ⊙ e^{Γ−G} once (per value head), for both state scans
     _, qg, kg, _ = _intra.aqk_forward(qn, kn, G, scale, cu_host, cu, BT, idx, store_a=False, store_qg=True,
                                       store_kg=True)
-    h, v_new, _ = _fwd_h_forward(kg, w, u, None, G, initial_state, False, BT, True, cu_host, k_gated=True)
-    dAq, dv_local = _bwd.dav_forward(v_new, do, Aqk, scale, cu_host, cu, idx)
+    # the reverse scan (dh) reads neither h nor v_new: the recomputed forward scan and dAq (which reads v_new)
+    # run on a side stream beside the local dv and the reverse scan (faster at every point measured, 128
+    # programs a scan included: docs/benchmarks/kda.md); on one stream one launch makes dAq and dv_local
+    side = side_stream.fork(q.device)
+    h, v_new, _ = side_stream.on_side(side, _fwd_h_forward, kg, w, u, None, G, initial_state, False, BT, True,
+                                      cu_host, k_gated=True)
+    if side is None:
+        dAq, dv_local = _bwd.dav_forward(v_new, do, Aqk, scale, cu_host, cu, idx)
+    else:
+        dAq, _ = side_stream.on_side(side, _bwd.dav_forward, v_new, do, Aqk, scale, cu_host, cu, idx, dv=False)
+        _, dv_local = _bwd.dav_forward(None, do, Aqk, scale, cu_host, cu, idx, dA=False)
     dh, dh0, dv2 = _dhu_forward(qg, kg, w, do, dv_local, None, G, initial_state, dht, scale, BT, cu_host,
                                 qk_gated=True)
+    side_stream.join(side, h, v_new, dAq)  # before any input of the side branch (u, kg) is freed
     del dv_local, w, u, qg, kg  # the recomputed intermediates go as soon as their last stage has run (peak memory)
     dq, dk, dv, db, dG, dAm = _bwd.wy_dqkg_forward(qn, kn, v, v_new, G, beta, Akk, h, do, dh, dv2, scale, cu_host,
                                                    cu, idx, fold_heads=False)

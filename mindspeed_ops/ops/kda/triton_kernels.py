@@ -217,34 +217,34 @@ def kda_fwd_o_kernel(q_ptr, g_ptr, v_ptr, h_ptr, a_ptr, o_ptr, cu_ptr, idx_ptr, 
 @triton.jit
 def kda_bwd_dav_kernel(vn_ptr, do_ptr, a_ptr, da_ptr, dv_ptr, cu_ptr, idx_ptr, T, BHV, HV, V, scale,
                        s_nb, s_nt, s_nh, s_ob, s_ot, s_oh, s_ab, s_at, s_ah, s_db, s_dt, s_dh, s_vb, s_vt, s_vh,
-                       BT: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr):
+                       BT: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, DA: tl.constexpr, DV: tl.constexpr):
     """Of ``o_i += Σ_{j≤i} Aqk_ij v_new_j`` for one chunk and value head: ``dA_ij = scale·(do_i·v_new_j)``
-    (``j ≤ i``, valid; fp32) and ``dv_j = Σ_{i≥j} Aqk_ij do_i``, looping over V tiles."""
+    (``j ≤ i``, valid; fp32; if ``DA``) and ``dv_j = Σ_{i≥j} Aqk_ij do_i`` (if ``DV``), looping over V tiles."""
     i_c, i_b, i_h, i_hk = _program(BHV, HV, 1)
     start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
     o = tl.arange(0, BT)
     rows = start + o
     valid = rows < eos
     causal = (o[:, None] >= o[None, :]) & valid[:, None] & valid[None, :]
-    a_base = a_ptr + i_b * s_ab + i_h * s_ah
     # At[i, j] = Aqk[j, i], nonzero for i <= j
-    b_At = tl.load(a_base + rows[None, :] * s_at + o[:, None], mask=(o[:, None] <= o[None, :]) & valid[:, None]
-                   & valid[None, :], other=0.0)
-    do_base = do_ptr + i_b * s_ob + i_h * s_oh
-    vn_base = vn_ptr + i_b * s_nb + i_h * s_nh
-    dv_base = dv_ptr + i_b * s_vb + i_h * s_vh
+    b_At = tl.load(a_ptr + i_b * s_ab + i_h * s_ah + rows[None, :] * s_at + o[:, None],
+                   mask=(o[:, None] <= o[None, :]) & valid[:, None] & valid[None, :], other=0.0)
+    do_base, vn_base = do_ptr + i_b * s_ob + i_h * s_oh, vn_ptr + i_b * s_nb + i_h * s_nh
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(0, tl.cdiv(V, BV)):
         d = i_v * BV + tl.arange(0, BV)
-        dm = d < V
-        mr = valid[:, None] & dm[None, :]
+        mr = valid[:, None] & (d < V)[None, :]
         b_do = tl.load(do_base + rows[:, None] * s_ot + d[None, :], mask=mr, other=0.0)
-        b_vt = tl.load(vn_base + rows[None, :] * s_nt + d[:, None], mask=dm[:, None] & valid[None, :], other=0.0)
-        b_dA += _mm(b_do, b_vt.to(b_do.dtype))
-        b_dv = _mm(b_At.to(b_do.dtype), b_do)
-        tl.store(dv_base + rows[:, None] * s_vt + d[None, :], b_dv.to(dv_ptr.dtype.element_ty), mask=mr)
-    tl.store(da_ptr + i_b * s_db + i_h * s_dh + rows[:, None] * s_dt + o[None, :],
-             tl.where(causal, b_dA * scale, 0.0), mask=valid[:, None])
+        if DA:
+            b_vt = tl.load(vn_base + rows[None, :] * s_nt + d[:, None], mask=(d < V)[:, None] & valid[None, :],
+                           other=0.0)
+            b_dA += _mm(b_do, b_vt.to(b_do.dtype))
+        if DV:
+            tl.store(dv_ptr + i_b * s_vb + i_h * s_vh + rows[:, None] * s_vt + d[None, :],
+                     _mm(b_At.to(b_do.dtype), b_do).to(dv_ptr.dtype.element_ty), mask=mr)
+    if DA:
+        tl.store(da_ptr + i_b * s_db + i_h * s_dh + rows[:, None] * s_dt + o[None, :],
+                 tl.where(causal, b_dA * scale, 0.0), mask=valid[:, None])
 
 
 # ------------------------------------------------------------------------------------------------

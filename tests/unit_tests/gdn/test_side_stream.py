@@ -1,0 +1,139 @@
+"""The side stream of the GDN/KDA backward (``mindspeed_ops.ops.side_stream``): the recomputed forward scan runs
+beside the reverse scan. Results must be bitwise those of one stream, eagerly, in varlen, on a caller's own
+stream and inside a CUDA graph; on CPU nothing forks, and KDA's split ``dAq`` / ``dv`` launches equal the
+combined one."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mindspeed_ops import api
+from mindspeed_ops.ops import side_stream
+from mindspeed_ops.ops.kda import bwd as kda_bwd
+from tests.conftest import DEVICE
+
+#: family -> (public function, per-channel gate)
+FAMILIES = {"gdn": (api.chunk_gated_delta_rule, False), "kda": (api.chunk_kda, True)}
+
+
+def test_no_fork_off_cuda_or_switched_off(monkeypatch):
+    assert side_stream.fork(torch.device("cpu")) is None
+    monkeypatch.setattr(side_stream, "ENABLED", False)
+    assert side_stream.fork(torch.device("cuda")) is None  # never touches CUDA when off
+    side_stream.join(None, torch.ones(1))  # a no-op without a side stream
+    assert side_stream.on_side(None, torch.add, 1, 2) == 3
+
+
+@pytest.mark.gpu
+def test_fork_only_where_both_branches_fit():
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    assert side_stream.fork(dev, programs=sms // 2 + 1) is None
+    side = side_stream.fork(dev, programs=sms // 2)
+    assert side is not None and side.stream != torch.cuda.current_stream()
+    x = side_stream.on_side(side, torch.ones, 4, device=dev)
+    assert torch.cuda.current_stream() == side.main  # the caller's stream is current again
+    side_stream.join(side, x)
+    assert x.sum().item() == 4
+
+
+@pytest.mark.parametrize("cu", [None, [0, 21, 21, 50]])
+def test_kda_dav_split_equals_combined(cu):
+    """dA-only and dv-only launches (the backward's two streams) give the combined launch's bits."""
+    gen = torch.Generator().manual_seed(3)
+    T, HV, V, BT = 53, 2, 20, 32
+    vn, do = (torch.randn(1, T, HV, V, generator=gen).to(DEVICE) for _ in range(2))
+    Aqk = torch.randn(1, T, HV, BT, generator=gen).to(DEVICE)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=DEVICE)
+    dA, dv = kda_bwd.dav_forward(vn, do, Aqk, 0.7, cu, cu_t)
+    dA1, none1 = kda_bwd.dav_forward(vn, do, Aqk, 0.7, cu, cu_t, dv=False)
+    none2, dv1 = kda_bwd.dav_forward(None, do, Aqk, 0.7, cu, cu_t, dA=False)
+    assert none1 is None and none2 is None
+    assert torch.equal(dA, dA1) and torch.equal(dv, dv1)
+    assert torch.isfinite(dA).all() and torch.isfinite(dv).all()
+
+
+def _inputs(fam, T, H, HV, K, V, n_seq, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen)
+    g = F.logsigmoid(r(1, T, HV, K) if FAMILIES[fam][1] else r(1, T, HV))
+    q, k, v = (r(1, T, H, K).to(dtype), r(1, T, H, K).to(dtype), r(1, T, HV, V).to(dtype))
+    ts = (q, k, v, g, torch.sigmoid(r(1, T, HV)), r(n_seq, HV, K, V))
+    return [t.to("cuda") for t in ts]
+
+
+def _step(fam, leaves, cu_host, wo):
+    """Forward + every gradient (loss on o and the final state) as one function of the leaves."""
+    f = FAMILIES[fam][0]
+    cu = None if cu_host is None else torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    o, fs = f(*leaves[:5], initial_state=leaves[5], output_final_state=True, use_qk_l2norm_in_kernel=True,
+              cu_seqlens=cu, cu_seqlens_cpu=None if cu_host is None else torch.tensor(cu_host))
+    loss = (o.float() * wo).sum() + fs.pow(2).sum()
+    return [o, fs, *torch.autograd.grad(loss, leaves)]
+
+
+def _run(fam, ins, cu_host):
+    leaves = [t.detach().clone().requires_grad_(True) for t in ins]
+    wo = torch.randn(ins[2].shape, generator=torch.Generator().manual_seed(9)).to("cuda")
+    return _step(fam, leaves, cu_host, wo)
+
+
+def _assert_equal(a, b, what):
+    names = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0")
+    for name, x, y in zip(names, a, b):
+        assert torch.isfinite(x).all(), f"{what}: {name} not finite"
+        assert torch.equal(x, y), f"{what}: {name} differs from the one-stream run"
+
+
+CASES = [  # (T, H, HV, K, V, cu_seqlens): few heads, so the scans leave most SMs free; GVA; varlen
+    (2048, 2, 4, 128, 128, None),
+    (1000, 1, 2, 100, 64, [0, 300, 300, 999]),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fam", ["gdn", "kda"])
+@pytest.mark.parametrize("case", CASES)
+def test_side_stream_bitwise_equal_one_stream(fam, case, monkeypatch):
+    T, H, HV, K, V, cu_host = case
+    ins = _inputs(fam, T, H, HV, K, V, 1 if cu_host is None else len(cu_host) - 1, torch.bfloat16)
+    monkeypatch.setattr(side_stream, "ENABLED", False)
+    one = _run(fam, ins, cu_host)
+    monkeypatch.setattr(side_stream, "ENABLED", True)
+    for _ in range(3):  # repeated: the allocator reuses the side branch's blocks
+        _assert_equal(_run(fam, ins, cu_host), one, "side stream")
+    caller = torch.cuda.Stream()  # on a caller's own stream (its own side stream)
+    caller.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(caller):
+        got = _run(fam, ins, cu_host)
+    torch.cuda.current_stream().wait_stream(caller)
+    _assert_equal(got, one, "caller's stream")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fam", ["gdn", "kda"])
+def test_side_stream_in_cuda_graph(fam):
+    """Forward + backward captured into a CUDA graph (the fork and join become graph edges): replays give the
+    eager bits, also after the inputs change in place."""
+    T, H, HV, K, V, cu_host = CASES[0]
+    ins = _inputs(fam, T, H, HV, K, V, 1, torch.bfloat16)
+    leaves = [t.detach().clone().requires_grad_(True) for t in ins]
+    wo = torch.randn(ins[2].shape, generator=torch.Generator().manual_seed(9)).to("cuda")
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):  # warm-up (autotuning, compiles) outside the capture, as CUDA graphs need
+        for _ in range(2):
+            _step(fam, leaves, cu_host, wo)
+    torch.cuda.current_stream().wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = _step(fam, leaves, cu_host, wo)
+    for seed in (0, 5):
+        new = _inputs(fam, T, H, HV, K, V, 1, torch.bfloat16, seed=seed)
+        with torch.no_grad():
+            for leaf, t in zip(leaves, new):
+                leaf.copy_(t)
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_equal([t.clone() for t in static], _run(fam, new, cu_host), f"graph replay, seed {seed}")
