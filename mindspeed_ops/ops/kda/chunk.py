@@ -6,8 +6,8 @@ GDN's ``recompute_w_u_fwd`` with ``gk``) -> ``h, v_new, final_state`` by GDN's s
 ``kg`` -> ``o`` by the KDA output stage. Saved for the backward: the inputs, ``G``, ``Akk``, ``Aqk``.
 
 Backward: ``w, u``, ``qg = q ⊙ e^G``, ``kg``, ``h, v_new`` recomputed -> ``dAqk, dv_local`` (KDA) ->
-``dh, dh0, dv2`` by GDN's reverse state scan (which needs neither ``h`` nor ``dAqk``: those two run on a side
-stream, :mod:`..side_stream`) with ``gk`` on ``qg, kg`` -> ``chunk_kda_bwd_wy_dqkg_fused``
+``dh, dh0, dv2`` by GDN's reverse state scan with ``gk`` on ``qg, kg`` (it reads neither ``h, v_new`` nor
+``dAqk``, which a side stream makes meanwhile, :mod:`..side_stream`) -> ``chunk_kda_bwd_wy_dqkg_fused``
 (KDA, SPEC 1.11.2) -> the intra-chunk paths through ``Aqk`` and ``M`` (KDA) -> ``dg`` = reverse chunk-local
 cumsum of ``dG`` (GDN) -> l2norm backward, which sums dq/dk over the value heads of each key head as it
 reads them (``dy_group``; without the in-kernel l2norm, ``fold_value_heads`` does the sum).
