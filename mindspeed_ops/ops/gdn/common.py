@@ -132,24 +132,11 @@ def sequence_chunks(cu_host: Optional[list], T: int, BT: int, device: torch.devi
     return _sequence_tables(cu_host, BT, device)
 
 
-def output_buffer(v: torch.Tensor, cu_host: Optional[list]) -> torch.Tensor:
-    """The output stages' ``o`` ``[B, T, HV, V]`` (the kernel dtype of ``v``), tail tokens past ``cu_seqlens[-1]``
-    zeroed."""
-    B, T, HV, V = v.shape
-    o = torch.empty(B, T, HV, V, dtype=tu.kernel_dtype(v.dtype), device=v.device)
-    if cu_host is not None and cu_host[-1] < T:
-        o[:, cu_host[-1]:].zero_()  # tail tokens take part in nothing
-    return o
-
-
 def scan_ready_counts(q, v, cu_host, BT: int):
     """``(ready counts or None, pdl)`` for a forward state scan whose output stage overlaps it
-    (:mod:`mindspeed_ops.ops.pdl`): only where PDL is available, where the scan launches at all (every dim
-    non-empty: a consumer of a scan that never ran would wait forever), and where every sequence has a chunk (a
-    scan program of an empty sequence signals nothing, so nothing would wait for its final-state store)."""
+    (:mod:`mindspeed_ops.ops.pdl`): only where PDL is available, and where the scan launches at all (every dim
+    non-empty: a consumer of a scan that never ran would wait forever)."""
     if not pdl.available(q.device) or 0 in (*q.shape, *v.shape):
-        return None, False
-    if cu_host is not None and any(b <= a for a, b in zip(cu_host, cu_host[1:])):
         return None, False
     NT = sequence_chunks(cu_host, q.shape[1], BT, q.device)[0]
     return pdl.ready_counts(q.shape[0], NT, v.shape[2], q.device), True

@@ -11,8 +11,7 @@ from ...validation import check_cu_seqlens, check_same_device, check_tensor, rej
 from .. import pdl as _pdl
 from ..common import unit_last_stride
 from . import reference_fwd as _ref
-from .common import (check_value_heads, chunk_table, output_buffer, prune_v_tiles, row_factor_pair_args,
-                     use_triton)
+from .common import check_value_heads, chunk_table, prune_v_tiles, row_factor_pair_args, use_triton
 from .fwd_h import kernel_view
 
 OP = "chunk_fwd_o"
@@ -103,20 +102,20 @@ def _kernel():
 
 
 def forward(q, k, v, h, g, scale, cu_host, cu_seqlens, chunk_size, chunk_indices=None, rq=None, rk=None,
-            flags=None, pdl: bool = False, out=None):
+            flags=None, pdl: bool = False):
     """Triton launch (arguments already validated). ``rq``, ``rk`` (both or neither, ``[B, T, H]`` fp32, one
     layout): q and k are raw and the products use their l2norm ``rstd·q``, ``rstd·k``. ``flags``: the ready
     counts of the scan that made ``h`` and ``v`` (``fwd_h.forward``'s); each program waits for its chunk's;
-    ``pdl``: launched to start while that scan still runs (:mod:`..pdl`); then pass ``out`` from
-    :func:`..gdn.common.output_buffer`, made before the scan's launch (a buffer allocated after it could be memory
-    the scan still reads, freed meanwhile: the allocator assumes a stream's kernels run one after the other)."""
+    ``pdl``: launched to start while that scan still runs (:mod:`..pdl`)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
     NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, v.device)
     qq, kk, vv, gg = (kernel_view(t, BT) for t in (q, k, v, g))
     hh = unit_last_stride(tu.kernel_input(h))
-    o = output_buffer(v, cu_host) if out is None else out
+    o = torch.empty(B, T, HV, V, dtype=tu.kernel_dtype(v.dtype), device=v.device)
+    if cu_host is not None and cu_host[-1] < T:
+        o[:, cu_host[-1]:].zero_()  # tail tokens
     if NT and B and HV and V:
         BK = max(16, min(64, tu.next_power_of_2(K)))
         dummy = qq

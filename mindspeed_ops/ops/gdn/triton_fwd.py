@@ -206,6 +206,9 @@ def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr
         if NK > 3:
             S4 = _state_update(S4, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 3, K, b_v, BK, USE_GK, rk_c, s_rt,
                                RK_ON_K, KG)
+    if SIGNAL:
+        if NTn > 0:
+            _signal_chunk(flag_ptr + i_b * s_fb + (boh + NTn - 1) * s_fc + i_h, nv, BV)
 
     if STORE_FINAL:
         ht_base = ht_ptr + i_n * s_tn + i_h * s_th + v0
@@ -216,11 +219,6 @@ def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr
             _store_state(ht_base, 2, cols, K, nv, s_tk, S3, BK)
         if NK > 3:
             _store_state(ht_base, 3, cols, K, nv, s_tk, S4, BK)
-    # the last chunk is signalled after every memory access of the program (final state included): once a consumer
-    # has seen every count, the scan touches memory no more, though its grid may not have ended
-    if SIGNAL:
-        if NTn > 0:
-            _signal_chunk(flag_ptr + i_b * s_fb + (boh + NTn - 1) * s_fc + i_h, nv, BV)
 
 
 # ------------------------------------------------------------------------------------------------

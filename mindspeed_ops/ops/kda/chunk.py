@@ -26,7 +26,7 @@ from .. import side_stream
 from ..common import unit_last_stride
 from ..norm.l2norm import rstd as _l2_rstd
 from ..gdn.bwd_dhu import forward as _dhu_forward
-from ..gdn.common import device_tables, fold_value_heads, output_buffer, scan_ready_counts, zero_tail_rows
+from ..gdn.common import device_tables, fold_value_heads, scan_ready_counts, zero_tail_rows
 from ..gdn.cumsum import forward as _cumsum_forward
 from ..gdn.fwd_h import forward as _fwd_h_forward
 from ..gdn.wy_fast import forward as _wy_forward
@@ -58,11 +58,10 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
     # the state scan takes kg = k ⊙ e^{Γ−G} (rk folded in) from the intra kernel: no gate tiles per V-tile
     # the output stage starts while the scan runs, each chunk once it is ready (as GDN's forward)
     flags, pdl = scan_ready_counts(q, v, cu_host, BT)
-    o = output_buffer(v, cu_host) if pdl else None  # before the scan's launch (GDN's fwd_o.forward says why)
     h, v_new, final = _fwd_h_forward(kg, w, u, None, G, initial_state, output_final_state, BT, True, cu_host,
                                      k_gated=True, flags=flags, pdl=pdl)
     del kg
-    o = _fwd_o.forward(q, v_new, h, G, Aqk, scale, cu_host, cu, BT, idx, rq=rq, flags=flags, pdl=pdl, out=o)
+    o = _fwd_o.forward(q, v_new, h, G, Aqk, scale, cu_host, cu, BT, idx, rq=rq, flags=flags, pdl=pdl)
     return o, final, G, Akk, Aqk
 
 

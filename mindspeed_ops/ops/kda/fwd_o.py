@@ -14,7 +14,7 @@ from ... import triton_utils as tu
 from ...validation import check_tensor
 from .. import pdl as _pdl
 from ..common import unit_last_stride
-from ..gdn.common import chunk_table, output_buffer, row_factor_args, use_triton
+from ..gdn.common import chunk_table, row_factor_args, use_triton
 from . import args as _args
 from . import reference as _ref
 
@@ -90,16 +90,18 @@ def _kernel():
 
 
 def forward(q, v, h, gk, Aqk, scale: float, cu_host, cu_seqlens, chunk_size: int, chunk_indices=None, rq=None,
-            flags=None, pdl: bool = False, out=None):
+            flags=None, pdl: bool = False):
     """Triton launch (arguments validated); ``rq`` ``[B, T, H]`` fp32: q is raw and the state product uses
-    its l2norm ``rq·q`` (never rounded). ``flags``, ``pdl``, ``out``: wait for the chunks of the scan that makes
-    ``h`` and ``v``, into a buffer made before it (as GDN's ``fwd_o.forward``)."""
+    its l2norm ``rq·q`` (never rounded). ``flags``, ``pdl``: wait for the chunks of the scan that makes ``h``
+    and ``v`` (as GDN's ``fwd_o.forward``)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
     NT, cu, idx = chunk_table(OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, v.device)
     qq, vv, hh, gg, aa = (unit_last_stride(tu.kernel_input(t)) for t in (q, v, h, gk, Aqk))
-    o = output_buffer(v, cu_host) if out is None else out
+    o = torch.empty(B, T, HV, V, dtype=tu.kernel_dtype(v.dtype), device=v.device)
+    if cu_host is not None and cu_host[-1] < T:
+        o[:, cu_host[-1]:].zero_()  # tail tokens
     if NT and B and HV and V:
         BK = max(16, min(64, tu.next_power_of_2(K)))
         dummy = qq

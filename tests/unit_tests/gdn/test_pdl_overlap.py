@@ -12,7 +12,6 @@ from mindspeed_ops.ops import pdl
 from mindspeed_ops.ops.gdn import fwd_h, fwd_o
 from mindspeed_ops.ops.kda import fwd_o as kda_fwd_o
 from mindspeed_ops.ops.gdn import reference_fwd as ref
-from mindspeed_ops.ops.gdn.common import output_buffer, scan_ready_counts
 from tests.conftest import DEVICE
 
 CASES = [  # (B, T, H, HV, K, V, BT, cu_seqlens): V over several fwd_h tiles (BV 32 under the interpreter)
@@ -36,8 +35,7 @@ def test_ready_counts_and_same_bits(B, T, H, HV, K, V, BT, cu):
     assert (flags == V).all(), f"every chunk's ready count must be V = {V}: {flags.unique().tolist()}"
     o1 = fwd_o.forward(q, k, v1, h1, G, None, cu, cu_d, BT)
     o2 = fwd_o.forward(q, k, v2, h2, G, None, cu, cu_d, BT, flags=flags)
-    o3 = fwd_o.forward(q, k, v2, h2, G, None, cu, cu_d, BT, flags=flags, out=output_buffer(v2, cu))
-    assert torch.equal(o1, o2) and torch.equal(o1, o3) and torch.isfinite(o1).all()
+    assert torch.equal(o1, o2) and torch.isfinite(o1).all()
 
 
 def test_kda_fwd_o_waiting_same_bits():
@@ -57,16 +55,6 @@ def test_kda_fwd_o_waiting_same_bits():
     assert torch.equal(o1, o2) and torch.isfinite(o1).all()
 
 
-def test_no_overlap_with_an_empty_sequence(monkeypatch):
-    """An empty sequence's scan programs signal nothing (its final state would be stored unwaited): no overlap."""
-    monkeypatch.setattr(pdl, "available", lambda device: True)
-    q, v = torch.empty(1, 90, 1, 16), torch.empty(1, 90, 2, 16)
-    assert scan_ready_counts(q, v, [0, 17, 17, 80], 16) == (None, False)
-    flags, on = scan_ready_counts(q, v, [0, 17, 80], 16)
-    assert on and flags.shape == (1, 2 + 4, 2) and (flags == 0).all()
-    assert scan_ready_counts(q, torch.empty(1, 90, 2, 0), None, 16) == (None, False)
-
-
 def test_not_available_on_cpu_or_switched_off(monkeypatch):
     assert not pdl.available(torch.device("cpu"))
     monkeypatch.setattr(pdl, "ENABLED", False)
@@ -76,11 +64,11 @@ def test_not_available_on_cpu_or_switched_off(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fam", ["gdn", "kda"])
-@pytest.mark.parametrize("T,H,HV,cu", [(8192, 4, 8, None), (3000, 2, 2, [0, 1000, 2999]),
-                                       (3000, 2, 2, [0, 1000, 1000, 2999])])
+@pytest.mark.parametrize("T,H,HV,cu", [(8192, 4, 8, None), (3000, 2, 2, [0, 1000, 1000, 2999]),
+                                       (777, 1, 2, [0, 100, 777])])
 def test_op_forward_bitwise_with_and_without_pdl(fam, T, H, HV, cu, monkeypatch):
     """The whole GDN / KDA forward (o and the final state) with the overlap equals it without, in bf16, repeated
-    (fresh counts each call); varlen with a tail token (overlapped), and with an empty sequence (not overlapped)."""
+    (fresh counts each call); varlen with an empty sequence and tail tokens, and without."""
     gen = torch.Generator().manual_seed(0)
     K = V = 128
     N = 1 if cu is None else len(cu) - 1
