@@ -18,7 +18,7 @@ from .. import side_stream
 from ..common import unit_last_stride
 from ..norm.l2norm import rstd as _l2_rstd
 from . import bwd_dhu, bwd_dqkwg, bwd_dv, cumsum, fwd_h, fwd_o, kkt, kkt_solve, solve_tril, wy_fast
-from .common import device_tables, scan_ready_counts, zero_tail_rows
+from .common import device_tables, zero_tail_rows
 
 OP = "chunk_gated_delta_rule"
 L2_EPS = 1e-6  # SPEC 1.10.10: the in-kernel qk l2norm's eps
@@ -66,11 +66,8 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
     HV = v.shape[2]
     Ainv = _ainv(k, G, beta, HV, cu_host, cu, BT, idx, rk)
     w, u = wy_fast.forward(k, v, beta, Ainv, G, None, cu_host, cu, idx, rk=rk)
-    # the output stage starts while the scan runs (on the SMs the scan leaves idle), each chunk once it is ready
-    flags, pdl = scan_ready_counts(q, v, cu_host, BT)
-    h, v_new, final = fwd_h.forward(k, w, u, G, None, initial_state, output_final_state, BT, True, cu_host, rk=rk,
-                                    flags=flags, pdl=pdl)
-    o = fwd_o.forward(q, k, v_new, h, G, scale, cu_host, cu, BT, idx, rq=rq, rk=rk, flags=flags, pdl=pdl)
+    h, v_new, final = fwd_h.forward(k, w, u, G, None, initial_state, output_final_state, BT, True, cu_host, rk=rk)
+    o = fwd_o.forward(q, k, v_new, h, G, scale, cu_host, cu, BT, idx, rq=rq, rk=rk)
     return o, final, G, Ainv
 
 

@@ -8,7 +8,6 @@ import torch
 
 from ... import backends
 from ... import triton_utils as tu
-from .. import pdl
 from ...validation import check_tensor, shape_str
 from ...varlen import build_chunk_indices
 
@@ -130,16 +129,6 @@ def sequence_chunks(cu_host: Optional[list], T: int, BT: int, device: torch.devi
     if cu_host is None:
         return (T + BT - 1) // BT, None, None
     return _sequence_tables(cu_host, BT, device)
-
-
-def scan_ready_counts(q, v, cu_host, BT: int):
-    """``(ready counts or None, pdl)`` for a forward state scan whose output stage overlaps it
-    (:mod:`mindspeed_ops.ops.pdl`): only where PDL is available, and where the scan launches at all (every dim
-    non-empty: a consumer of a scan that never ran would wait forever)."""
-    if not pdl.available(q.device) or 0 in (*q.shape, *v.shape):
-        return None, False
-    NT = sequence_chunks(cu_host, q.shape[1], BT, q.device)[0]
-    return pdl.ready_counts(q.shape[0], NT, v.shape[2], q.device), True
 
 
 def prune_v_tiles(configs, named_args, **kwargs):

@@ -7,7 +7,6 @@ import torch
 
 from ... import triton_utils as tu
 from ...validation import (check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str)
-from .. import pdl as _pdl
 from ..common import unit_last_stride
 from . import reference_fwd as _ref
 from .common import check_value_heads, chunk_table, row_factor_args, sequence_chunks, use_triton
@@ -151,12 +150,10 @@ def _block_k(K: int) -> tuple[int, int]:
 
 
 def forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_new_value, cu_host, rk=None,
-            k_gated: bool = False, flags: Optional[torch.Tensor] = None, pdl: bool = False):
+            k_gated: bool = False):
     """Triton launch (arguments already validated); ``rk``: see ``kkt.forward``. ``k_gated`` (with ``gk``, no
     ``rk``): ``k`` is ``[B, T, HV, K]`` and already holds ``k ⊙ e^{Γ − G}`` (KDA's kg), so the scan reads only
-    each chunk's last gate row. ``flags`` (``[B, NT, HV]`` int32 zeros, with ``save_new_value``): each chunk's
-    ready count (``V`` once its ``h`` and ``v_new`` are stored) for an output stage launched right after with
-    programmatic dependent launch; ``pdl``: trigger that launch at the start (:mod:`..pdl`)."""
+    each chunk's last gate row."""
     assert not k_gated or (gk is not None and rk is None and k.shape[2] == u.shape[2])
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
@@ -188,7 +185,7 @@ def forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_
             *(vn.stride()[:3] if vn is not None else z3), *(ht.stride()[:3] if ht is not None else z3), *sr,
             BT=BT, BK=BK, NK=NK, USE_G=g is not None, USE_GK=gk is not None, HAS_H0=h0 is not None,
             STORE_FINAL=ht is not None, SAVE_VNEW=vn is not None, IS_VARLEN=cu is not None, HAS_RK=rk is not None,
-            KG=k_gated, **_pdl.producer_args(flags, pdl))
+            KG=k_gated)
     elif ht is not None:  # no heads / empty dims: the state passes through
         ht.copy_(initial_state) if initial_state is not None else ht.zero_()
     return tu.finish(h, k.dtype), (None if vn is None else tu.finish(vn, u.dtype)), ht

@@ -8,7 +8,6 @@ import torch
 
 from ... import triton_utils as tu
 from ...validation import check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str
-from .. import pdl as _pdl
 from ..common import unit_last_stride
 from . import reference_fwd as _ref
 from .common import check_value_heads, chunk_table, prune_v_tiles, row_factor_pair_args, use_triton
@@ -101,12 +100,9 @@ def _kernel():
     return _KERNEL
 
 
-def forward(q, k, v, h, g, scale, cu_host, cu_seqlens, chunk_size, chunk_indices=None, rq=None, rk=None,
-            flags=None, pdl: bool = False):
+def forward(q, k, v, h, g, scale, cu_host, cu_seqlens, chunk_size, chunk_indices=None, rq=None, rk=None):
     """Triton launch (arguments already validated). ``rq``, ``rk`` (both or neither, ``[B, T, H]`` fp32, one
-    layout): q and k are raw and the products use their l2norm ``rstd·q``, ``rstd·k``. ``flags``: the ready
-    counts of the scan that made ``h`` and ``v`` (``fwd_h.forward``'s); each program waits for its chunk's;
-    ``pdl``: launched to start while that scan still runs (:mod:`..pdl`)."""
+    layout): q and k are raw and the products use their l2norm ``rstd·q``, ``rstd·k``."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
@@ -127,6 +123,5 @@ def forward(q, k, v, h, g, scale, cu_host, cu_seqlens, chunk_size, chunk_indices
             float(K ** -0.5 if scale is None else scale),
             *qq.stride()[:3], *kk.stride()[:3], *vv.stride()[:3], *hh.stride()[:4],
             *(gg.stride() if gg is not None else (0, 0, 0)), *o.stride()[:3], *sr,
-            BT=BT, BK=BK, USE_G=g is not None, IS_VARLEN=idx is not None, HAS_R=rq is not None,
-            **_pdl.consumer_args(flags, pdl))
+            BT=BT, BK=BK, USE_G=g is not None, IS_VARLEN=idx is not None, HAS_R=rq is not None)
     return tu.finish(o, v.dtype)

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ...triton_utils import i64
-from .triton_kernels import _chunk_v_tile, _mm, _row_factor, _signal_chunk, _wait_chunk
+from .triton_kernels import _chunk_v_tile, _mm, _row_factor
 
 
 # ------------------------------------------------------------------------------------------------
@@ -79,8 +79,7 @@ def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr,
                        USE_G: tl.constexpr, USE_GK: tl.constexpr, HAS_H0: tl.constexpr,
                        STORE_FINAL: tl.constexpr, SAVE_VNEW: tl.constexpr, IS_VARLEN: tl.constexpr,
-                       HAS_RK: tl.constexpr = False, KG: tl.constexpr = False, SIGNAL: tl.constexpr = False,
-                       flag_ptr=None, s_fb=0, s_fc=0, PDL: tl.constexpr = False):
+                       HAS_RK: tl.constexpr = False, KG: tl.constexpr = False):
     """One (sequence, value head, V-tile of ``BV``) per program, scanning the sequence's chunks with
     the fp32 state ``[K, BV]`` in registers as up to four ``[BK, BV]`` blocks (``K <= 4·BK``).
 
@@ -95,13 +94,7 @@ def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr
     into k instead (``rk`` is up to 1/sqrt(eps) = 1000, a zero key's, so ``rk·v_new`` rounded to fp16 passes
     65504 for ``|v_new| > 65.5``, and inf·0 put NaN in the state). ``KG`` (with ``USE_GK``): k is
     ``k ⊙ e^{Γ − G}`` per value head (KDA's kg, made once by the intra-chunk kernel), so the scan reads
-    only the gate's last row per chunk: no ``[K, BT]`` gate tile nor exponentials per V-tile program.
-    ``SIGNAL``: after chunk c's ``h`` and ``v_new`` are stored, the tile's width is added to
-    ``flag[b, c, head]`` (``[B, NT, HV]`` int32, zeroed; ``V`` when every tile is done), for an output stage
-    that starts before this kernel ends (``PDL``: programmatic dependent launch, triggered at the start: every
-    program of this kernel is then resident, so a spinning consumer cannot keep one from running)."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+    only the gate's last row per chunk: no ``[K, BT]`` gate tile nor exponentials per V-tile program."""
     pid = tl.program_id(0).to(tl.int64)
     NV = tl.cdiv(V, BV)
     i_v = pid % NV
@@ -157,9 +150,6 @@ def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr
         w_c = w_base + start * s_wt
         k_c = k_base + start * s_kt
         gk_c = gk_base + start * s_gkt
-        if SIGNAL:  # chunk i_t - 1 is stored (signalled a chunk late: its stores have drained by now)
-            if i_t > 0:
-                _signal_chunk(flag_ptr + i_b * s_fb + (boh + i64(i_t) - 1) * s_fc + i_h, nv, BV)
         _store_state(h_c, 0, cols, K, nv, s_hk, S1, BK)
         b_v = _w_times_state(w_c, o_t, rmask, s_wt, 0, K, S1, BK)
         if NK > 1:
@@ -206,9 +196,6 @@ def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr
         if NK > 3:
             S4 = _state_update(S4, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 3, K, b_v, BK, USE_GK, rk_c, s_rt,
                                RK_ON_K, KG)
-    if SIGNAL:
-        if NTn > 0:
-            _signal_chunk(flag_ptr + i_b * s_fb + (boh + NTn - 1) * s_fc + i_h, nv, BV)
 
     if STORE_FINAL:
         ht_base = ht_ptr + i_n * s_tn + i_h * s_th + v0
@@ -231,19 +218,14 @@ def chunk_fwd_o_kernel(q_ptr, k_ptr, v_ptr, h_ptr, g_ptr, o_ptr, cu_ptr, idx_ptr
                        s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_hb, s_hc, s_hh, s_hk,
                        s_gb, s_gt, s_gh, s_ob, s_ot, s_oh, s_rb, s_rt, s_rh,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
-                       IS_VARLEN: tl.constexpr, HAS_R: tl.constexpr = False, WAIT: tl.constexpr = False,
-                       flag_ptr=None, s_fb=0, s_fc=0):
+                       IS_VARLEN: tl.constexpr, HAS_R: tl.constexpr = False):
     """One (chunk, value head, V-tile of ``BV``) per program:
     ``o = scale·(e^{G} ⊙ (q S_c) + ((q kᵀ) ⊙ e^{G_i − G_j})_{j ≤ i} v)``, looping over K in blocks of
     ``BK`` for both ``q S_c`` ([BT, BV]) and ``q kᵀ`` ([BT, BT]). Program id: flattened
     ``((chunk · B + batch) · HV + head) · NV + V-tile``; ``h`` is indexed by the flattened chunk (varlen:
-    the row of ``chunk_indices``). int64 scalar bases per chunk, int32 offsets inside the tiles. ``WAIT``: the
-    chunk's ``h`` and ``v_new`` may still be in the making (a scan launched just before, ``SIGNAL``): wait for
-    its ready count first; the chunk-major program order takes the chunks in the order the scan makes them."""
+    the row of ``chunk_indices``). int64 scalar bases per chunk, int32 offsets inside the tiles."""
     i_c, i_b, i_h, start, eos, v0, o_t, rmask, cols, cmask = _chunk_v_tile(T, B, HV, V, cu_ptr, idx_ptr, BT, BV,
                                                                           IS_VARLEN)
-    if WAIT:
-        _wait_chunk(flag_ptr + i_b * s_fb + i_c * s_fc + i_h, V)
     q_c = q_ptr + i_b * s_qb + (i_h // GQ) * s_qh + start * s_qt
     k_c = k_ptr + i_b * s_kb + (i_h // GQ) * s_kh + start * s_kt
     h_c = h_ptr + i_b * s_hb + i_c * s_hc + i_h * s_hh + v0

@@ -225,28 +225,3 @@ def solve_tril_kernel(a_ptr, o_ptr, cu_ptr, idx_ptr, T, BHV, HV,
         A42 = _load_block16(a_base, start, eos, 3, 1, s_at, s_ac)
         A43 = _load_block16(a_base, start, eos, 3, 2, s_at, s_ac)
     _merge_store16(o_base, start, eos, Xd, A21, A31, A32, A41, A42, A43, s_ot, s_oc, BT)
-
-
-
-# ------------------------------------------------------------------------------------------------
-# chunk ready counts: a state scan signals, an output stage launched during it waits (ops/pdl.py)
-# ------------------------------------------------------------------------------------------------
-
-@triton.jit
-def _signal_chunk(flag, nv, BV: tl.constexpr):
-    """Adds this V-tile's width to a chunk's ready count once its ``h`` and ``v_new`` are stored: every
-    thread's stores, then one release at GPU scope (a consumer's acquire then sees them)."""
-    tl.debug_barrier()
-    tl.atomic_add(flag, tl.minimum(nv, BV).to(tl.int32), sem="release", scope="gpu")
-
-
-@triton.jit
-def _wait_chunk(flag, V):
-    """Spins (plain volatile loads with a short sleep between, so waiting warps leave the issue slots to a scan
-    sharing their SM; then one acquire) until a chunk's ready count reaches ``V``: all of the scan's V-tiles
-    stored that chunk's ``h`` and ``v_new``. (Under the interpreter launches run in order: never waits.)"""
-    while tl.load(flag, volatile=True) < V:
-        tl.inline_asm_elementwise("nanosleep.u32 256; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
-                                  pack=1)
-    tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()

@@ -26,7 +26,7 @@ from .. import side_stream
 from ..common import unit_last_stride
 from ..norm.l2norm import rstd as _l2_rstd
 from ..gdn.bwd_dhu import forward as _dhu_forward
-from ..gdn.common import device_tables, fold_value_heads, scan_ready_counts, zero_tail_rows
+from ..gdn.common import device_tables, fold_value_heads, zero_tail_rows
 from ..gdn.cumsum import forward as _cumsum_forward
 from ..gdn.fwd_h import forward as _fwd_h_forward
 from ..gdn.wy_fast import forward as _wy_forward
@@ -56,12 +56,10 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
     w, u, _, kg, Aqk, Akk = _intra.forward(q, k, v, G, beta, scale, cu_host, cu, BT, idx, output_qg=False,
                                            output_kg=True, rq=rq, rk=rk)
     # the state scan takes kg = k ⊙ e^{Γ−G} (rk folded in) from the intra kernel: no gate tiles per V-tile
-    # the output stage starts while the scan runs, each chunk once it is ready (as GDN's forward)
-    flags, pdl = scan_ready_counts(q, v, cu_host, BT)
     h, v_new, final = _fwd_h_forward(kg, w, u, None, G, initial_state, output_final_state, BT, True, cu_host,
-                                     k_gated=True, flags=flags, pdl=pdl)
+                                     k_gated=True)
     del kg
-    o = _fwd_o.forward(q, v_new, h, G, Aqk, scale, cu_host, cu, BT, idx, rq=rq, flags=flags, pdl=pdl)
+    o = _fwd_o.forward(q, v_new, h, G, Aqk, scale, cu_host, cu, BT, idx, rq=rq)
     return o, final, G, Akk, Aqk
 
 

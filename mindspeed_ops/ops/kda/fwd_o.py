@@ -12,7 +12,6 @@ import torch
 
 from ... import triton_utils as tu
 from ...validation import check_tensor
-from .. import pdl as _pdl
 from ..common import unit_last_stride
 from ..gdn.common import chunk_table, row_factor_args, use_triton
 from . import args as _args
@@ -89,11 +88,9 @@ def _kernel():
     return _KERNEL
 
 
-def forward(q, v, h, gk, Aqk, scale: float, cu_host, cu_seqlens, chunk_size: int, chunk_indices=None, rq=None,
-            flags=None, pdl: bool = False):
+def forward(q, v, h, gk, Aqk, scale: float, cu_host, cu_seqlens, chunk_size: int, chunk_indices=None, rq=None):
     """Triton launch (arguments validated); ``rq`` ``[B, T, H]`` fp32: q is raw and the state product uses
-    its l2norm ``rq·q`` (never rounded). ``flags``, ``pdl``: wait for the chunks of the scan that makes ``h``
-    and ``v`` (as GDN's ``fwd_o.forward``)."""
+    its l2norm ``rq·q`` (never rounded)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
@@ -111,6 +108,5 @@ def forward(q, v, h, gk, Aqk, scale: float, cu_host, cu_seqlens, chunk_size: int
             qq, gg, vv, hh, aa, o, dummy if cu is None else cu, dummy if idx is None else idx, r_ptr,
             T, B, HV, HV // H, K, V, float(scale),
             *qq.stride()[:3], *gg.stride()[:3], *vv.stride()[:3], *hh.stride()[:4], *aa.stride()[:3],
-            *o.stride()[:3], *sr, BT=BT, BK=BK, IS_VARLEN=idx is not None, HAS_RQ=rq is not None,
-            **_pdl.consumer_args(flags, pdl))
+            *o.stride()[:3], *sr, BT=BT, BK=BK, IS_VARLEN=idx is not None, HAS_RQ=rq is not None)
     return tu.finish(o, v.dtype)

@@ -19,7 +19,7 @@ the **first row of the row block**: both arguments are ``≤ 0`` for non-positiv
 import triton
 import triton.language as tl
 
-from ..gdn.triton_kernels import _chunk_bounds, _chunk_v_tile, _mm, _row_factor, _wait_chunk
+from ..gdn.triton_kernels import _chunk_bounds, _chunk_v_tile, _mm, _row_factor
 from ..gdn.triton_wy import _dot, _program
 from ...triton_utils import exp_fast_f32
 
@@ -175,16 +175,13 @@ def kda_fwd_o_kernel(q_ptr, g_ptr, v_ptr, h_ptr, a_ptr, o_ptr, cu_ptr, idx_ptr, 
                      s_qb, s_qt, s_qh, s_gb, s_gt, s_gh, s_vb, s_vt, s_vh, s_hb, s_hc, s_hh, s_hk,
                      s_ab, s_at, s_ah, s_ob, s_ot, s_oh, s_rb, s_rt, s_rh,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
-                     HAS_RQ: tl.constexpr = False, WAIT: tl.constexpr = False, flag_ptr=None, s_fb=0, s_fc=0):
+                     HAS_RQ: tl.constexpr = False):
     """One (chunk, value head, V-tile of ``BV``) per program:
     ``o = scale·(q ⊙ e^{G}) S_c + Aqk v_new`` (``Aqk`` lower triangular, scale included), ``q ⊙ e^{G}``
     staged in q's dtype for the product with the state. Program id: flattened
-    ``((chunk · B + batch) · HV + head) · NV + V-tile``; ``h`` is indexed by the flattened chunk. ``WAIT``: as
-    GDN's ``chunk_fwd_o_kernel`` (the chunk's ready count from the scan first)."""
+    ``((chunk · B + batch) · HV + head) · NV + V-tile``; ``h`` is indexed by the flattened chunk."""
     i_c, i_b, i_h, start, eos, v0, o_t, rmask, cols, cmask = _chunk_v_tile(T, B, HV, V, cu_ptr, idx_ptr, BT, BV,
                                                                           IS_VARLEN)
-    if WAIT:
-        _wait_chunk(flag_ptr + i_b * s_fb + i_c * s_fc + i_h, V)
     q_c = q_ptr + i_b * s_qb + (i_h // GQ) * s_qh + start * s_qt
     g_c = g_ptr + i_b * s_gb + i_h * s_gh + start * s_gt
     h_c = h_ptr + i_b * s_hb + i_c * s_hc + i_h * s_hh + v0
@@ -213,7 +210,10 @@ def kda_fwd_o_kernel(q_ptr, g_ptr, v_ptr, h_ptr, a_ptr, o_ptr, cu_ptr, idx_ptr, 
              b_o.to(o_ptr.dtype.element_ty), mask=vm)
 
 
+# ------------------------------------------------------------------------------------------------
 # backward: dAqk and the local dv of the intra output term
+# ------------------------------------------------------------------------------------------------
+
 @triton.jit
 def kda_bwd_dav_kernel(vn_ptr, do_ptr, a_ptr, da_ptr, dv_ptr, cu_ptr, idx_ptr, T, BHV, HV, V, scale,
                        s_nb, s_nt, s_nh, s_ob, s_ot, s_oh, s_ab, s_at, s_ah, s_db, s_dt, s_dh, s_vb, s_vt, s_vh,
