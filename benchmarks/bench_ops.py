@@ -292,19 +292,22 @@ _LA_LENS = [3000, 1000, 2500, 1500, 4000, 500, 2884, 1000]
 
 
 #: what of the peers' linear-attention calls to time: "fwd+bwd", "fwd" or "none" (--la-peers)
-LA_PEERS = {"mode": "fwd+bwd", "points": None}
+LA_PEERS = {"mode": "fwd+bwd", "points": None, "off": []}
 
 
-def _one_stream(fn):
-    """``fn`` with the GDN/KDA backward's side stream switched off (``--one-stream-too``'s A/B row)."""
-    from mindspeed_ops.ops import side_stream
+def _switched_off(fn, switch: str):
+    """``fn`` with the ``mindspeed_ops.ops.<switch>`` module's ``ENABLED`` off for the call (``--off-too``'s A/B
+    row; ``side_stream``: the GDN/KDA backward's side stream)."""
+    import importlib
+
+    mod = importlib.import_module(f"mindspeed_ops.ops.{switch}")
 
     def call():
-        old, side_stream.ENABLED = side_stream.ENABLED, False
+        old, mod.ENABLED = mod.ENABLED, False
         try:
             return fn()
         finally:
-            side_stream.ENABLED = old
+            mod.ENABLED = old
     return call
 
 
@@ -330,8 +333,9 @@ def _la_group(op: str, ours_fn, peer, per_channel: bool, shapes, copy_gbs: float
             def fwd(fn=fn, kw=kw):
                 return fn(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **kw)[0]
             impls[label] = (fwd, _grad(lambda fwd=fwd: fwd().float().sum(), ins) if bwd else None)
-            if label == "ours" and LA_PEERS.get("one_stream"):
-                impls["ours, one stream"] = tuple(None if f is None else _one_stream(f) for f in impls[label])
+            for switch in LA_PEERS["off"] if label == "ours" else ():
+                impls[f"ours, {switch} off"] = tuple(None if f is None else _switched_off(f, switch)
+                                                     for f in impls[label])
         nb = B * T * (H * 2 * K + HV * 2 * V) * 2 + B * T * HV * ((K if per_channel else 1) * 4 + 2)
         name = f"{op} B{B} T{T} H{H}" + (f" HV{HV}" if HV != H else "") + " K=V=128" \
             + (f" varlen {len(_LA_LENS)} seqs" if varlen else "")
@@ -401,10 +405,11 @@ def main() -> int:
     ap.add_argument("--la-peers", choices=("fwd+bwd", "fwd", "none"), default="fwd+bwd",
                     help="gdn/kda groups: which of fla's calls to time (its backward autotunes for minutes)")
     ap.add_argument("--la-points", type=int, default=None, help="gdn/kda groups: only the first N shapes")
-    ap.add_argument("--one-stream-too", action="store_true",
-                    help="gdn/kda groups: also time ours with the backward's side stream off (A/B in one process)")
+    ap.add_argument("--off-too", default="", metavar="SWITCHES",
+                    help="gdn/kda groups: also time ours with each of these switches off (comma list of "
+                         "mindspeed_ops.ops modules with an ENABLED switch, e.g. side_stream; A/B rows in one process)")
     args = ap.parse_args()
-    LA_PEERS.update(mode=args.la_peers, points=args.la_points, one_stream=args.one_stream_too)
+    LA_PEERS.update(mode=args.la_peers, points=args.la_points, off=[s for s in args.off_too.split(",") if s])
     if args.render:
         with open(args.render) as fh:
             print(render(json.load(fh)))

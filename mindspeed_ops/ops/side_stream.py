@@ -23,7 +23,6 @@ re-recorded (a wait binds to the record made before it), ``torch.cuda.set_stream
 """
 from __future__ import annotations
 
-import functools
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -50,11 +49,6 @@ class Side:
 _SIDES: Dict[Tuple[int, int], Side] = {}
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def fork(device: torch.device, programs: Optional[int] = None) -> Optional[Side]:
     """A side stream of ``device`` that waits for everything queued so far on the caller's current stream.
 
@@ -66,7 +60,7 @@ def fork(device: torch.device, programs: Optional[int] = None) -> Optional[Side]
     if not ENABLED or device.type != "cuda":
         return None
     main = torch.cuda.current_stream(device)
-    if programs is not None and 2 * programs > _sm_count(main.device_index):
+    if programs is not None and 2 * programs > tu.num_sms(device):
         return None
     key = (main.device_index, main.stream_id)
     side = _SIDES.get(key)
