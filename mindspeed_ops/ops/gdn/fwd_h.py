@@ -149,11 +149,26 @@ def _block_k(K: int) -> tuple[int, int]:
     return bk, tu.cdiv(K, bk)
 
 
+def outputs(k, u, chunk_size: int, cu_host, save_new_value: bool = True):
+    """``(h [B, NT, HV, K, V], v_new [B, T, HV, V] or None)`` as :func:`forward` makes them (kernel dtypes of k and
+    u; tail tokens of ``v_new`` zeroed), for a caller that makes them on its own stream before running the scan on
+    another (``ops/side_stream.py``: no cross-stream frees)."""
+    B, T, _, K = k.shape
+    HV, V = u.shape[2], u.shape[3]
+    BT = chunk_size
+    NT = (T + BT - 1) // BT if cu_host is None else sum((e - s + BT - 1) // BT for s, e in zip(cu_host, cu_host[1:]))
+    h = torch.empty(B, NT, HV, K, V, dtype=tu.kernel_dtype(k.dtype), device=k.device)
+    vn = torch.empty(B, T, HV, V, dtype=tu.kernel_dtype(u.dtype), device=k.device) if save_new_value else None
+    if vn is not None and cu_host is not None and cu_host[-1] < T:
+        vn[:, cu_host[-1]:].zero_()  # tail tokens take part in nothing
+    return h, vn
+
+
 def forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_new_value, cu_host, rk=None,
-            k_gated: bool = False):
+            k_gated: bool = False, out=None):
     """Triton launch (arguments already validated); ``rk``: see ``kkt.forward``. ``k_gated`` (with ``gk``, no
     ``rk``): ``k`` is ``[B, T, HV, K]`` and already holds ``k ⊙ e^{Γ − G}`` (KDA's kg), so the scan reads only
-    each chunk's last gate row."""
+    each chunk's last gate row. ``out``: ``(h, v_new)`` from :func:`outputs` (made here when None)."""
     assert not k_gated or (gk is not None and rk is None and k.shape[2] == u.shape[2])
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
@@ -163,10 +178,7 @@ def forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_
     NT, cu, off = sequence_chunks(cu_host, T, BT, dev)
     kk, ww, uu, gg, gkk = (kernel_view(t, BT) for t in (k, w, u, g, gk))
     h0 = unit_last_stride(tu.kernel_input(initial_state))
-    h = torch.empty(B, NT, HV, K, V, dtype=tu.kernel_dtype(k.dtype), device=dev)
-    vn = torch.empty(B, T, HV, V, dtype=tu.kernel_dtype(u.dtype), device=dev) if save_new_value else None
-    if vn is not None and cu_host is not None and cu_host[-1] < T:
-        vn[:, cu_host[-1]:].zero_()  # tail tokens take part in nothing
+    h, vn = outputs(k, u, BT, cu_host, save_new_value) if out is None else out
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     if N and HV and V and K:
         BK, NK = _block_k(K)
@@ -186,6 +198,10 @@ def forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_
             BT=BT, BK=BK, NK=NK, USE_G=g is not None, USE_GK=gk is not None, HAS_H0=h0 is not None,
             STORE_FINAL=ht is not None, SAVE_VNEW=vn is not None, IS_VARLEN=cu is not None, HAS_RK=rk is not None,
             KG=k_gated)
-    elif ht is not None:  # no heads / empty dims: the state passes through
-        ht.copy_(initial_state) if initial_state is not None else ht.zero_()
+    else:  # no heads / empty dims: the state passes through
+        if ht is not None:
+            ht.copy_(initial_state) if initial_state is not None else ht.zero_()
+        if vn is not None and K == 0:  # no key dims: w S = 0, so v_new = u (was left unwritten)
+            valid = T if cu_host is None else cu_host[-1]
+            vn[:, :valid].copy_(u[:, :valid])
     return tu.finish(h, k.dtype), (None if vn is None else tu.finish(vn, u.dtype)), ht

@@ -194,7 +194,7 @@ def test_compile_with_hint(fam):
 # opcheck of the forward and _bwd ops with the hint: test_registration_sweep.py (its ``*_hint`` cases)
 
 
-def test_zero_head_dim_needs_a_scale():
+def test_zero_head_dim_needs_a_scale(poisoned):
     """K = 0 with the default scale (K ** -0.5 undefined) is a ValueError naming q, in all three ops (it was a
     ZeroDivisionError); with an explicit scale the op runs (the outputs are 0)."""
     from mindspeed_ops.api import chunk_gated_delta_rule, chunk_kda, fused_recurrent_gated_delta_rule
