@@ -4,17 +4,22 @@ Why: at the issues' shapes (B1, 16 value heads) a chunk state scan is 64 program
 latency-bound chain of chunk steps. In the GDN/KDA backward the recomputed forward scan (h, v_new) does not
 depend on the reverse scan (dh), so the two can share the GPU instead of running one after the other.
 
-Usage (the branch's inputs must stay referenced until :func:`join`; its outputs are handed to the caller's
-stream there)::
+Usage: the branch's outputs are made on the caller's stream before the fork, and its inputs stay referenced until
+:func:`join`. So every tensor the two streams share belongs to the caller's stream: its memory goes back to that
+stream's pool in stream order, with no ``record_stream`` (whose deferred frees would make the caching allocator
+take new blocks for every layer the host runs ahead of the GPU)::
 
+    h = torch.empty(...)                   # on the caller's stream
     side = fork(x.device)                  # None on CPU, or when switched off: one stream, nothing changes
-    h, v_new = on_side(side, scan, ...)    # enqueued on the side stream, after all work queued so far
+    on_side(side, scan, ..., out=h)        # enqueued on the side stream, after all work queued so far
     dh = other_branch(...)                 # the caller's stream, concurrently
-    join(side, h, v_new)                   # the caller's stream waits for the side branch
+    join(side)                             # the caller's stream waits for the side branch
 
 Results are bitwise those of the one-stream order (the branches share no outputs). CUDA-graph capture and
 ``torch.compile`` (inside a custom op's body) work: the side stream forks from and joins the caller's stream.
-A fork is not re-entrant: join it before the same caller's stream forks again.
+A fork inside a branch on the same caller's stream reuses its side stream and events (every wait still covers
+what it needs: a wait binds to the event's latest record). If the caller's branch raises before :func:`join`, the
+side work is not joined (a CUDA-graph capture then fails as unjoined).
 ``MINDSPEED_OPS_SIDE_STREAM=0`` (read at import; or set :data:`ENABLED`) keeps every launch on the caller's
 stream, for comparison and timing.
 
@@ -44,8 +49,9 @@ class Side:
         self.join_event = torch.cuda.Event()
 
 
-# one side stream per (device, caller's stream): a caller's stream being captured into a CUDA graph never
-# shares its side stream with another caller's work
+# one Side per (device, caller's stream), so a stream being captured into a CUDA graph gets its own events. The
+# streams come from PyTorch's pool (32 per device, handed out in turn), so another user of the pool (NCCL, other
+# threads) may share the CUDA stream: correct, only less concurrent; one equal to the caller's is not forked to.
 _SIDES: Dict[Tuple[int, int], Side] = {}
 
 
@@ -66,30 +72,32 @@ def fork(device: torch.device, programs: Optional[int] = None) -> Optional[Side]
     side = _SIDES.get(key)
     if side is None:
         side = _SIDES[key] = Side(main)
+    if side.stream == main:  # the pool handed out the caller's own stream: nothing to overlap
+        return None
     side.fork_event.record(main)
     side.stream.wait_event(side.fork_event)
     return side
 
 
 def on_side(side: Optional[Side], fn: Callable, *args, **kwargs):
-    """``fn(*args, **kwargs)`` with ``side``'s stream current (on the caller's stream when ``side`` is None)."""
+    """``fn(*args, **kwargs)`` with ``side``'s stream current (on the caller's stream when ``side`` is None). The
+    current device is as before after it (``set_stream`` also makes the stream's device current)."""
     if side is None:
         return fn(*args, **kwargs)
+    device = torch.cuda.current_device()
     torch.cuda.set_stream(side.stream)
     try:
         return fn(*args, **kwargs)
     finally:
         torch.cuda.set_stream(side.main)
+        if device != side.main.device_index:
+            torch.cuda.set_device(device)
 
 
-def join(side: Optional[Side], *outputs: Optional[torch.Tensor]) -> None:
-    """The caller's stream waits for ``side``'s work; ``outputs`` (made on ``side``) are marked as used by the
-    caller's stream, so the caching allocator does not hand their memory to the side stream while the
-    caller's later kernels may still read them."""
+def join(side: Optional[Side]) -> None:
+    """The caller's stream waits for ``side``'s work (a no-op when ``side`` is None). Temporaries the branch made
+    and freed on the side stream stay in its pool: reused there only after a later :func:`fork`'s wait."""
     if side is None:
         return
     side.join_event.record(side.stream)
     side.main.wait_event(side.join_event)
-    for t in outputs:
-        if t is not None:
-            t.record_stream(side.main)

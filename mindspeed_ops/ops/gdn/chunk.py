@@ -90,12 +90,13 @@ def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, us
     # the reverse scan (dh) does not read h: the recomputed forward scan runs beside dv_local and dhu where
     # both scans fit on the SMs side by side (programs at the usual 32-wide V tile)
     N, HV, V = (q.shape[0] if cu_host is None else len(cu_host) - 1), v.shape[2], v.shape[3]
+    h, v_new = fwd_h.outputs(kn, u, BT, cu_host)  # on this stream, before the fork (side_stream's contract)
     side = side_stream.fork(q.device, programs=N * HV * tu.cdiv(V, 32))
-    h, v_new, _ = side_stream.on_side(side, fwd_h.forward, kn, w, u, G, None, initial_state, False, BT, True,
-                                      cu_host)
+    side_stream.on_side(side, fwd_h.forward, kn, w, u, G, None, initial_state, False, BT, True, cu_host,
+                        out=(h, v_new))
     dv_local = bwd_dv.forward(qn, kn, do, G, scale, cu_host, cu, BT, idx)
     dh, dh0, dv2 = bwd_dhu.forward(qn, kn, w, do, dv_local, G, None, initial_state, dht, scale, BT, cu_host)
-    side_stream.join(side, h, v_new)  # before any input of the side branch (u) is freed
+    side_stream.join(side)  # before any input of the side branch (u) is freed
     del dv_local, u  # the recomputed intermediates go as soon as their last stage has run (peak memory)
     dq, dk, dw, dG = bwd_dqkwg.forward(qn, kn, v_new, do, h, dh, G, dv2, w, scale, cu_host, cu, BT, idx,
                                        dw_dtype=tu.kernel_dtype(kn.dtype))

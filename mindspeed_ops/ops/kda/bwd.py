@@ -45,10 +45,11 @@ def _block_k(K: int, cap: int) -> int:
 # ------------------------------------------------------------------------------------------------
 
 def dav_forward(v_new, do, Aqk, scale: float, cu_host, cu_seqlens, chunk_indices=None, dA: bool = True,
-                dv: bool = True):
+                dv: bool = True, dA_out: Optional[torch.Tensor] = None):
     """Launch of ``kda_bwd_dav_kernel``: ``(dAq [B,T,HV,BT] fp32, dv [B,T,HV,V] in do.dtype)``; ``dA=False`` /
     ``dv=False`` skip that output (None in its place; ``v_new`` is not read without ``dA``), so the backward
-    can form ``dv`` before the state scan that makes ``v_new``."""
+    can form ``dv`` before the state scan that makes ``v_new``. ``dA_out``: ``dAq``'s buffer (made by the caller
+    on its own stream before running this on a side stream)."""
     from .triton_kernels import kda_bwd_dav_kernel
 
     B, T, HV, V = do.shape
@@ -56,7 +57,9 @@ def dav_forward(v_new, do, Aqk, scale: float, cu_host, cu_seqlens, chunk_indices
     dev = do.device
     dd, aa = (unit_last_stride(tu.kernel_input(t)) for t in (do, Aqk))
     vn = unit_last_stride(tu.kernel_input(v_new)) if dA else dd
-    dA_out = torch.empty(B, T, HV, BT, dtype=torch.float32, device=dev) if dA else None
+    if dA and dA_out is None:
+        dA_out = torch.empty(B, T, HV, BT, dtype=torch.float32, device=dev)
+    dA_out = dA_out if dA else None
     dv_out = torch.empty(B, T, HV, V, dtype=tu.kernel_dtype(do.dtype), device=dev) if dv else None
     _zero_tail(cu_host, T, dA_out, dv_out)
     NT, cu, idx = chunk_table(DAV_OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, dev)

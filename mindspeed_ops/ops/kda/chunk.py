@@ -29,6 +29,7 @@ from ..gdn.bwd_dhu import forward as _dhu_forward
 from ..gdn.common import device_tables, fold_value_heads, zero_tail_rows
 from ..gdn.cumsum import forward as _cumsum_forward
 from ..gdn.fwd_h import forward as _fwd_h_forward
+from ..gdn.fwd_h import outputs as _fwd_h_outputs
 from ..gdn.wy_fast import forward as _wy_forward
 from . import bwd as _bwd
 from . import fwd_o as _fwd_o
@@ -83,17 +84,19 @@ def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, u
     # the reverse scan (dh) reads neither h nor v_new: the recomputed forward scan and dAq (which reads v_new)
     # run on a side stream beside the local dv and the reverse scan (faster at every point measured, 128
     # programs a scan included: docs/benchmarks/kda.md); on one stream one launch makes dAq and dv_local
+    h, v_new = _fwd_h_outputs(kg, u, BT, cu_host)  # on this stream, before the fork (side_stream's contract)
     side = side_stream.fork(q.device)
-    h, v_new, _ = side_stream.on_side(side, _fwd_h_forward, kg, w, u, None, G, initial_state, False, BT, True,
-                                      cu_host, k_gated=True)
+    side_stream.on_side(side, _fwd_h_forward, kg, w, u, None, G, initial_state, False, BT, True, cu_host,
+                        k_gated=True, out=(h, v_new))
     if side is None:
         dAq, dv_local = _bwd.dav_forward(v_new, do, Aqk, scale, cu_host, cu, idx)
     else:
-        dAq, _ = side_stream.on_side(side, _bwd.dav_forward, v_new, do, Aqk, scale, cu_host, cu, idx, dv=False)
+        dAq = torch.empty(Aqk.shape, dtype=torch.float32, device=Aqk.device)
+        side_stream.on_side(side, _bwd.dav_forward, v_new, do, Aqk, scale, cu_host, cu, idx, dv=False, dA_out=dAq)
         _, dv_local = _bwd.dav_forward(None, do, Aqk, scale, cu_host, cu, idx, dA=False)
     dh, dh0, dv2 = _dhu_forward(qg, kg, w, do, dv_local, None, G, initial_state, dht, scale, BT, cu_host,
                                 qk_gated=True)
-    side_stream.join(side, h, v_new, dAq)  # before any input of the side branch (u, kg) is freed
+    side_stream.join(side)  # before any input of the side branch (u, kg) is freed
     del dv_local, w, u, qg, kg  # the recomputed intermediates go as soon as their last stage has run (peak memory)
     dq, dk, dv, db, dG, dAm = _bwd.wy_dqkg_forward(qn, kn, v, v_new, G, beta, Akk, h, do, dh, dv2, scale, cu_host,
                                                    cu, idx, fold_heads=False)

@@ -19,7 +19,7 @@ def test_no_fork_off_cuda_or_switched_off(monkeypatch):
     assert side_stream.fork(torch.device("cpu")) is None
     monkeypatch.setattr(side_stream, "ENABLED", False)
     assert side_stream.fork(torch.device("cuda")) is None  # never touches CUDA when off
-    side_stream.join(None, torch.ones(1))  # a no-op without a side stream
+    side_stream.join(None)  # a no-op without a side stream
     assert side_stream.on_side(None, torch.add, 1, 2) == 3
 
 
@@ -30,10 +30,27 @@ def test_fork_only_where_both_branches_fit():
     assert side_stream.fork(dev, programs=sms // 2 + 1) is None
     side = side_stream.fork(dev, programs=sms // 2)
     assert side is not None and side.stream != torch.cuda.current_stream()
-    x = side_stream.on_side(side, torch.ones, 4, device=dev)
-    assert torch.cuda.current_stream() == side.main  # the caller's stream is current again
-    side_stream.join(side, x)
+    device = torch.cuda.current_device()
+    x = torch.zeros(4, device=dev)
+    side_stream.on_side(side, x.add_, 1)
+    assert torch.cuda.current_stream() == side.main  # the caller's stream and device are current again
+    assert torch.cuda.current_device() == device
+    side_stream.join(side)
     assert x.sum().item() == 4
+
+
+@pytest.mark.parametrize("value,on", [("0", False), ("off", False), ("FALSE", False), ("no", False), ("1", True),
+                                      ("", True), ("yes", True)])
+def test_env_switch_values(monkeypatch, value, on):
+    """``MINDSPEED_OPS_SIDE_STREAM`` (read at import): the values of ``triton_utils.env_switch``."""
+    import importlib
+
+    monkeypatch.setenv("MINDSPEED_OPS_SIDE_STREAM", value)
+    try:
+        assert importlib.reload(side_stream).ENABLED is on
+    finally:
+        monkeypatch.delenv("MINDSPEED_OPS_SIDE_STREAM")
+        importlib.reload(side_stream)
 
 
 @pytest.mark.parametrize("cu", [None, [0, 21, 21, 50]])
@@ -46,10 +63,45 @@ def test_kda_dav_split_equals_combined(cu):
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=DEVICE)
     dA, dv = kda_bwd.dav_forward(vn, do, Aqk, 0.7, cu, cu_t)
     dA1, none1 = kda_bwd.dav_forward(vn, do, Aqk, 0.7, cu, cu_t, dv=False)
+    dA2 = torch.full_like(dA, float("nan"))  # a caller's buffer (poisoned): every element written
+    assert kda_bwd.dav_forward(vn, do, Aqk, 0.7, cu, cu_t, dv=False, dA_out=dA2)[0] is dA2
+    assert torch.equal(dA, dA2)
     none2, dv1 = kda_bwd.dav_forward(None, do, Aqk, 0.7, cu, cu_t, dA=False)
     assert none1 is None and none2 is None
     assert torch.equal(dA, dA1) and torch.equal(dv, dv1)
     assert torch.isfinite(dA).all() and torch.isfinite(dv).all()
+
+
+@pytest.mark.parametrize("fam", ["gdn", "kda"])
+@pytest.mark.parametrize("cu", [None, [0, 21, 21, 50]])
+def test_side_branch_code_path_on_cpu(fam, cu, monkeypatch):
+    """The forked code path (outputs made before the fork, KDA's split dAq/dv launches into the caller's buffers)
+    with the streams stubbed out, on any device: the bits of the one-stream path."""
+    T = 53 if cu is None else 50
+    gen = torch.Generator().manual_seed(7)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen)
+    per_channel = FAMILIES[fam][1]
+    N = 1 if cu is None else len(cu) - 1
+    ins = [r(1, T, 1, 16), r(1, T, 1, 16), r(1, T, 2, 24),
+           F.logsigmoid(r(1, T, 2, 16) if per_channel else r(1, T, 2)), torch.sigmoid(r(1, T, 2)), r(N, 2, 16, 24)]
+    ins = [t.to(DEVICE) for t in ins]
+    kw = {} if cu is None else {"cu_seqlens": torch.tensor(cu, dtype=torch.int32, device=DEVICE)}
+
+    def run():
+        leaves = [t.clone().requires_grad_(True) for t in ins]
+        o, fs = FAMILIES[fam][0](*leaves[:5], initial_state=leaves[5], output_final_state=True,
+                                 use_qk_l2norm_in_kernel=True, chunk_size=16 if fam == "gdn" else 32, **kw)
+        ((o * 1.5).sum() + fs.pow(2).sum()).backward()
+        return [o, fs] + [t.grad for t in leaves]
+    one = run()
+    branches = []
+    monkeypatch.setattr(side_stream, "fork", lambda device, programs=None: object())
+    monkeypatch.setattr(side_stream, "on_side", lambda side, fn, *a, **k: branches.append(fn) or fn(*a, **k))
+    monkeypatch.setattr(side_stream, "join", lambda side: None)
+    _assert_equal(run(), one, "forked code path")
+    assert len(branches) == (2 if fam == "kda" else 1), branches  # the scan (and KDA's dAq) took the side branch
 
 
 def _inputs(fam, T, H, HV, K, V, n_seq, dtype, seed=0):
