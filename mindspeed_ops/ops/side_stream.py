@@ -96,7 +96,7 @@ def on_side(side: Optional[Side], fn: Callable, *args, **kwargs):
 
 def join(side: Optional[Side]) -> None:
     """The caller's stream waits for ``side``'s work (a no-op when ``side`` is None). Temporaries the branch made
-    and freed on the side stream stay in its pool: reused there only after a later :func:`fork`'s wait."""
+    and freed stay in the side stream's pool: only later side-stream work, in that stream's order, reuses them."""
     if side is None:
         return
     side.join_event.record(side.stream)
