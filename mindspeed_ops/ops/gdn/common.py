@@ -120,6 +120,14 @@ def _sequence_tables(cu: tuple, BT: int, device: torch.device):
             tu.host_to_device(torch.tensor(offs, dtype=torch.int64), device))
 
 
+def chunk_count(cu_host: Optional[list], T: int, BT: int) -> int:
+    """Chunks of ``BT`` tokens per batch row (fixed length, ``ceil(T/BT)``) or in all (varlen, ``Σ ceil(L_n/BT)``),
+    from the host offsets alone (no device tables)."""
+    if cu_host is None:
+        return (T + BT - 1) // BT
+    return sum((b - a + BT - 1) // BT for a, b in zip(cu_host, cu_host[1:]))
+
+
 def sequence_chunks(cu_host: Optional[list], T: int, BT: int, device: torch.device
                     ) -> tuple[int, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """For the per-sequence state scans: ``(NT, cu_seqlens, chunk offsets)``. Fixed length: ``NT =
@@ -127,7 +135,7 @@ def sequence_chunks(cu_host: Optional[list], T: int, BT: int, device: torch.devi
     of each sequence's first chunk in the flattened chunk list (``[N+1]`` int64), on ``device`` (queued
     without draining the stream and kept for the next call with the same packing, like ``device_tables``)."""
     if cu_host is None:
-        return (T + BT - 1) // BT, None, None
+        return chunk_count(None, T, BT), None, None
     return _sequence_tables(cu_host, BT, device)
 
 

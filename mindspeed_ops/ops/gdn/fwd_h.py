@@ -9,7 +9,7 @@ from ... import triton_utils as tu
 from ...validation import (check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str)
 from ..common import unit_last_stride
 from . import reference_fwd as _ref
-from .common import check_value_heads, chunk_table, row_factor_args, sequence_chunks, use_triton
+from .common import check_value_heads, chunk_count, chunk_table, row_factor_args, sequence_chunks, use_triton
 
 OP = "chunk_gated_delta_rule_fwd_h"
 MAX_K = 256
@@ -155,9 +155,7 @@ def outputs(k, u, chunk_size: int, cu_host, save_new_value: bool = True):
     another (``ops/side_stream.py``: no cross-stream frees)."""
     B, T, _, K = k.shape
     HV, V = u.shape[2], u.shape[3]
-    BT = chunk_size
-    NT = (T + BT - 1) // BT if cu_host is None else sum((e - s + BT - 1) // BT for s, e in zip(cu_host, cu_host[1:]))
-    h = torch.empty(B, NT, HV, K, V, dtype=tu.kernel_dtype(k.dtype), device=k.device)
+    h = torch.empty(B, chunk_count(cu_host, T, chunk_size), HV, K, V, dtype=tu.kernel_dtype(k.dtype), device=k.device)
     vn = torch.empty(B, T, HV, V, dtype=tu.kernel_dtype(u.dtype), device=k.device) if save_new_value else None
     if vn is not None and cu_host is not None and cu_host[-1] < T:
         vn[:, cu_host[-1]:].zero_()  # tail tokens take part in nothing

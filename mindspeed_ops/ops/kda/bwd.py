@@ -57,9 +57,10 @@ def dav_forward(v_new, do, Aqk, scale: float, cu_host, cu_seqlens, chunk_indices
     dev = do.device
     dd, aa = (unit_last_stride(tu.kernel_input(t)) for t in (do, Aqk))
     vn = unit_last_stride(tu.kernel_input(v_new)) if dA else dd
-    if dA and dA_out is None:
+    if not dA:
+        dA_out = None
+    elif dA_out is None:
         dA_out = torch.empty(B, T, HV, BT, dtype=torch.float32, device=dev)
-    dA_out = dA_out if dA else None
     dv_out = torch.empty(B, T, HV, V, dtype=tu.kernel_dtype(do.dtype), device=dev) if dv else None
     _zero_tail(cu_host, T, dA_out, dv_out)
     NT, cu, idx = chunk_table(DAV_OP, cu_host, cu_seqlens, B, T, BT, chunk_indices, dev)
