@@ -111,8 +111,8 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                     if STORE_M:
                         acc_m += _dot(b_k * fac, b_kj, DT)
                 # the diagonal 16x16 block of this key tile (exact per-column quarters, one factorised quarter)
-                d_q, d_m = _diag_block(q_base, k_base, g_base, b_q, b_k, b_g, r0, eos, d, dm, s_qt, s_kt, s_gt,
-                                       STORE_M, DT == tl.float32)
+                d_q, d_m = _diag_block(k_base, g_base, b_q, b_k, b_g, r0, eos, d, dm, s_kt, s_gt, STORE_M,
+                                       DT == tl.float32)
                 b_d += d_q
                 if STORE_M:
                     b_dm += d_m
@@ -528,7 +528,7 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
 
 
 @triton.jit
-def _diag_block(q_base, k_base, g_base, b_q, b_k, b_g, r0, eos, d, dm, s_qt, s_kt, s_gt, STORE_M: tl.constexpr,
+def _diag_block(k_base, g_base, b_q, b_k, b_g, r0, eos, d, dm, s_kt, s_gt, STORE_M: tl.constexpr,
                 EXACT: tl.constexpr):
     """One key tile's share of a diagonal 16x16 block of ``kda_aqk_fwd_kernel``: ``[16, 16]`` fp32
     ``Σ_d q_{i,d} k_{t,d} e^{G_{i,d} − G_{t,d}}`` for ``t ≤ i`` (and the same with ``k_i`` for ``M`` when
@@ -544,12 +544,13 @@ def _diag_block(q_base, k_base, g_base, b_q, b_k, b_g, r0, eos, d, dm, s_qt, s_k
     o16 = tl.arange(0, 16)
     rows3 = r0 + 8 * o2[:, None, None] + o8[None, :, None]  # [2, 8, 1]: rows 0-7 and 8-15
     m3 = (rows3 < eos) & dm[None, None, :]
-    q3 = tl.load(q_base + rows3 * s_qt + d[None, None, :], mask=m3, other=0.0).to(tl.float32)
-    g3 = tl.load(g_base + rows3 * s_gt + d[None, None, :], mask=m3, other=0.0).to(tl.float32)
+    # the caller's tiles as the two 8-row halves (not loaded again)
+    q3 = tl.reshape(b_q, [2, 8, b_q.shape[1]])
+    g3 = tl.reshape(b_g, [2, 8, b_g.shape[1]])
     acc = tl.zeros([2, 8, 16], dtype=tl.float32)
     acc_m = tl.zeros([2, 8, 16], dtype=tl.float32)
     if STORE_M:
-        k3 = tl.load(k_base + rows3 * s_kt + d[None, None, :], mask=m3, other=0.0).to(tl.float32)
+        k3 = tl.reshape(b_k, [2, 8, b_k.shape[1]])
     for t in range(8):
         r_t = r0 + 8 * o2 + t  # [2]: column t of the upper quarter, 8 + t of the lower
         mt = (r_t < eos)[:, None] & dm[None, :]
