@@ -66,6 +66,78 @@ def triton_launches_stubbed():
         KernelInterface.__getitem__ = orig
 
 
+@contextlib.contextmanager
+def launches_timed(acc: dict):
+    """Every ``kernel[grid](...)`` runs as usual; its host time (s) is appended to ``acc[kernel name]``."""
+    from triton.runtime.jit import KernelInterface
+
+    orig = KernelInterface.__getitem__
+
+    def timed_getitem(self, grid):
+        launch = orig(self, grid)
+        name = getattr(getattr(self, "fn", self), "__name__", type(self).__name__)
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return launch(*a, **k)
+            finally:
+                acc.setdefault(name, []).append(time.perf_counter() - t0)
+        return timed
+
+    KernelInterface.__getitem__ = timed_getitem
+    try:
+        yield
+    finally:
+        KernelInterface.__getitem__ = orig
+
+
+def per_launch_table(fn, reps: int = 20) -> str:
+    """Median host µs of each kernel's launches over ``reps`` calls of ``fn`` (GPU drained before each), and
+    their sum against the whole call's host time: what is left is our wrappers, torch and autograd."""
+    for _ in range(3):
+        fn()
+    per_call, whole = [], []
+    for _ in range(reps):
+        acc: dict = {}
+        torch.cuda.synchronize()
+        with launches_timed(acc):
+            t0 = time.perf_counter()
+            fn()
+            whole.append(time.perf_counter() - t0)
+        per_call.append(acc)
+    torch.cuda.synchronize()
+    lines, total = [], 0.0
+    for name in per_call[0]:
+        sums = sorted(sum(c.get(name, [0.0])) for c in per_call)
+        n = len(per_call[0][name])
+        med = sums[len(sums) // 2] * 1e6
+        total += med
+        lines.append(f"    {name:36s} x{n}  {med:8.1f} µs ({med / n:6.1f} per launch)")
+    whole.sort()
+    w = whole[len(whole) // 2] * 1e6
+    lines.append(f"    launches {total:8.1f} µs of the call's {w:8.1f} µs host (rest: wrappers, torch, autograd)")
+    return "\n".join(lines)
+
+
+def sync_probe_ms(fn, cycles: int = 100_000_000) -> tuple:
+    """(host ms of ``fn`` queued behind a GPU sleep of ``cycles`` clocks, ms of that sleep alone): a hidden
+    host-device sync inside ``fn`` shows as a host time near the sleep's (torch's sync-debug mode sees only
+    torch's own syncs, not a stream or event synchronize)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    torch.cuda._sleep(cycles)
+    torch.cuda.synchronize()
+    sleep = time.perf_counter() - t0
+    torch.cuda._sleep(cycles)
+    t0 = time.perf_counter()
+    fn()
+    host = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return host * 1e3, sleep * 1e3
+
+
 def launch_costs(reps: int = 2000) -> dict:
     """Host µs per launch of a 40-argument kernel: plain jit, and autotuned (two configs, choice cached) by
     Triton's autotuner and by ours (:func:`mindspeed_ops.triton_utils.autotune`)."""
@@ -125,6 +197,9 @@ def main(argv=None) -> int:
     p.add_argument("--shape")
     p.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
     p.add_argument("--sync-debug", action="store_true", help="list the synchronizing calls of one step")
+    p.add_argument("--per-launch", action="store_true", help="host µs of each kernel's launches in one step")
+    p.add_argument("--sync-probe", action="store_true",
+                   help="host time of one step queued behind a GPU sleep (a hidden sync shows as the sleep's time)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("host_overhead: needs a GPU")
@@ -144,6 +219,11 @@ def main(argv=None) -> int:
             stub = host_ms(fn)
         print(f"{name:17s} host {full:7.3f} ms; with Triton launches stubbed {stub:7.3f} ms "
               f"(Triton's launch path {full - stub:6.3f} ms)")
+        if args.per_launch:
+            print(per_launch_table(fn))
+        if args.sync_probe:
+            for host, sleep in (sync_probe_ms(fn) for _ in range(3)):
+                print(f"  one {name} step queued behind a {sleep:.1f} ms GPU sleep: {host:.3f} ms host")
         if args.sync_debug:
             torch.cuda.synchronize()
             with warnings.catch_warnings(record=True) as caught:

@@ -544,8 +544,7 @@ def _diag_block(k_base, g_base, b_q, b_k, b_g, r0, eos, d, dm, s_kt, s_gt, STORE
     o16 = tl.arange(0, 16)
     rows3 = r0 + 8 * o2[:, None, None] + o8[None, :, None]  # [2, 8, 1]: rows 0-7 and 8-15
     m3 = (rows3 < eos) & dm[None, None, :]
-    # the caller's tiles as the two 8-row halves (not loaded again)
-    q3 = tl.reshape(b_q, [2, 8, b_q.shape[1]])
+    q3 = tl.reshape(b_q, [2, 8, b_q.shape[1]])  # the caller's tiles as two 8-row halves (not loaded again)
     g3 = tl.reshape(b_g, [2, 8, b_g.shape[1]])
     acc = tl.zeros([2, 8, 16], dtype=tl.float32)
     acc_m = tl.zeros([2, 8, 16], dtype=tl.float32)
