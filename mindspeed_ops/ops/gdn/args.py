@@ -3,6 +3,7 @@ and the KDA operator (SPEC 1.11.3, per-channel gates)."""
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from typing import Optional
 
@@ -75,10 +76,9 @@ def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chun
             check_tensor(op, "g", g, shape=(B, T, HV, K), shape_desc="[B, T, HV, K]")
         else:
             check_tensor(op, "g", g, shape=(B, T, HV), shape_desc="[B, T, HV]")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-        raise ValueError(f"{op}: scale must be a finite number or None, got {scale!r}")
-    if chunk_size is not None and chunk_size not in CHUNK_SIZES:
-        raise ValueError(f"{op}: chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
+    check_scale(op, scale)
+    if chunk_size is not None:
+        check_chunk_size(op, chunk_size, CHUNK_SIZES)
     if cu_seqlens is not None:
         check_tensor(op, "cu_seqlens", cu_seqlens, dtypes=(torch.int32, torch.int64), ndim=1)
         if B != 1:
@@ -95,6 +95,26 @@ def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chun
     return N, HV
 
 
+def check_scale(op: str, scale) -> None:
+    """``scale``: None or a finite real number (Python or NumPy; not a bool)."""
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"{op}: scale must be a real number or None, got {scale!r} ({type(scale).__name__})")
+    if not math.isfinite(scale):
+        raise ValueError(f"{op}: scale must be a finite number or None, got {scale!r}")
+
+
+def check_chunk_size(op: str, chunk_size, allowed: tuple) -> int:
+    """``chunk_size`` as an int: an integer (Python or NumPy; not a bool, str or float) in ``allowed``."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral):
+        raise TypeError(f"{op}: chunk_size must be an int (one of {allowed}), got {chunk_size!r} "
+                        f"({type(chunk_size).__name__})")
+    if chunk_size not in allowed:
+        raise ValueError(f"{op}: chunk_size must be one of {allowed}, got {chunk_size!r}")
+    return int(chunk_size)
+
+
 def default_scale(op: str, q, scale):
     """``scale`` as the ops pass it on: ``K ** -0.5`` for None (SPEC 1.10.10), a number as a float. Raises
     ``ValueError`` for None with ``K = 0`` (no default exists; it was a ZeroDivisionError)."""
@@ -104,7 +124,8 @@ def default_scale(op: str, q, scale):
             raise ValueError(f"{op}: q has head dim K = 0 (shape {shape_str(q.shape)}): the default scale K ** -0.5 "
                              "is undefined; pass scale")
         return float(K ** -0.5)
-    return float(scale) if isinstance(scale, (int, float)) else scale
+    check_scale(op, scale)
+    return float(scale)
 
 
 def check_cu_seqlens_cpu(op: str, cu_seqlens, cu_seqlens_cpu) -> None:

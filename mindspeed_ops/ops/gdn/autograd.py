@@ -206,6 +206,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     """
     cu_seqlens, cu_cpu = _args.cu_seqlens_hint(OP, cu_seqlens, _args.kwargs_policy(OP, kwargs))
     scale = _args.default_scale(OP, q, scale)
+    chunk_size = _args.check_chunk_size(OP, chunk_size, _args.CHUNK_SIZES)  # before any cast: "64" is no int
     o, final, _, _ = _chunk_gdr(q, k, v, g, beta, scale, initial_state, bool(output_final_state),
-                                bool(use_qk_l2norm_in_kernel), cu_seqlens, int(chunk_size), cu_cpu)
+                                bool(use_qk_l2norm_in_kernel), cu_seqlens, chunk_size, cu_cpu)
     return o, (final if output_final_state else None)

@@ -2,7 +2,6 @@
 (``ops/gdn/args.py``: the same shape/dtype/varlen rules with per-channel gates)."""
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Optional
 
@@ -20,14 +19,12 @@ NO_EFFECT_KWARGS = ("safe_gate", "lower_bound", "disable_recompute", "use_graph"
 _WARNED: set = set()
 
 
-def check_chunk_size(op: str, chunk_size) -> None:
-    if chunk_size not in CHUNK_SIZES:
-        raise ValueError(f"{op}: chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
+def check_chunk_size(op: str, chunk_size) -> int:
+    """``chunk_size`` as an int, one of :data:`CHUNK_SIZES` (``TypeError`` for a bool, str or float)."""
+    return _gdn_args.check_chunk_size(op, chunk_size, CHUNK_SIZES)
 
 
-def check_scale(op: str, scale) -> None:
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-        raise ValueError(f"{op}: scale must be a finite number or None, got {scale!r}")
+check_scale = _gdn_args.check_scale
 
 
 def kwargs_policy(op: str, kwargs: dict) -> dict:
@@ -50,6 +47,8 @@ def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chun
     """Full operator (SPEC 1.11.3): the GDN checks with per-channel ``g [B, T, HV, K]``, ``chunk_size``
     in {32, 64} and an fp32-only ``initial_state``. No device reads (runs on fake tensors). ``(N, HV)``."""
     check_chunk_size(op, chunk_size)
+    if g is None:  # the op's schema has a tensor g; chunk_kda itself passes zeros for g=None
+        raise ValueError(f"{op}: g must be a [B, T, HV, K] tensor here (chunk_kda accepts g=None as no decay)")
     if isinstance(initial_state, torch.Tensor) and initial_state.dtype != torch.float32:
         raise TypeError(f"{op}: initial_state must have dtype float32 (the state is fp32), got "
                         f"{str(initial_state.dtype).replace('torch.', '')}")

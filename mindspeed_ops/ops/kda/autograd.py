@@ -210,8 +210,9 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[tor
     cu_seqlens, cu_cpu = _cu_seqlens_hint(OP, cu_seqlens, _args.kwargs_policy(OP, kwargs))
     K = q.shape[-1] if q.dim() == 4 else 1
     scale = _gdn_default_scale(OP, q, scale)
+    chunk_size = _args.check_chunk_size(OP, chunk_size)  # before any cast: "64" is no int
     if g is None and isinstance(v, torch.Tensor) and v.dim() == 4 and q.dim() == 4:
         g = torch.zeros(*v.shape[:3], K, dtype=torch.float32, device=v.device)
     o, final, _, _, _ = _chunk_kda(q, k, v, g, beta, scale, initial_state, bool(output_final_state),
-                                   bool(use_qk_l2norm_in_kernel), cu_seqlens, int(chunk_size), cu_cpu)
+                                   bool(use_qk_l2norm_in_kernel), cu_seqlens, chunk_size, cu_cpu)
     return o, (final if output_final_state else None)
