@@ -96,8 +96,8 @@ def check_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, chun
 
 
 def check_scale(op: str, scale) -> None:
-    """``scale``: None or a finite real number (Python or NumPy; not a bool)."""
-    if scale is None:
+    """``scale``: None or a finite real number (Python or NumPy; not a bool; symbolic under torch.compile)."""
+    if scale is None or isinstance(scale, (torch.SymFloat, torch.SymInt)):  # traced: its value is not ours to read
         return
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"{op}: scale must be a real number or None, got {scale!r} ({type(scale).__name__})")
@@ -106,7 +106,12 @@ def check_scale(op: str, scale) -> None:
 
 
 def check_chunk_size(op: str, chunk_size, allowed: tuple) -> int:
-    """``chunk_size`` as an int: an integer (Python or NumPy; not a bool, str or float) in ``allowed``."""
+    """``chunk_size`` as an int: an integer (Python or NumPy, or a SymInt under torch.compile; not a bool, str or
+    float) in ``allowed``."""
+    if isinstance(chunk_size, torch.SymInt):
+        if chunk_size not in allowed:  # as before this check existed: a guard on the traced value
+            raise ValueError(f"{op}: chunk_size must be one of {allowed}, got {chunk_size!r}")
+        return chunk_size
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral):
         raise TypeError(f"{op}: chunk_size must be an int (one of {allowed}), got {chunk_size!r} "
                         f"({type(chunk_size).__name__})")
@@ -125,7 +130,7 @@ def default_scale(op: str, q, scale):
                              "is undefined; pass scale")
         return float(K ** -0.5)
     check_scale(op, scale)
-    return float(scale)
+    return scale if isinstance(scale, (torch.SymFloat, torch.SymInt)) else float(scale)
 
 
 def check_cu_seqlens_cpu(op: str, cu_seqlens, cu_seqlens_cpu) -> None:
