@@ -3,7 +3,9 @@
 ``TRITON_INTERPRET=1`` must be set before any kernel module is imported (``@triton.jit`` reads it at
 decoration time), so it is set here, at the top, before ``mindspeed_ops`` is imported.
 """
+import contextlib
 import os
+from typing import Optional
 
 import torch
 
@@ -100,6 +102,24 @@ def assert_compiled(results, spill_allowed=lambda r: 0) -> None:
         if allowed is not None and r.spill_stores > allowed:
             over.append(f"{r.launch.label()} sm_{r.arch} spills {r.spill_stores} bytes (allowed {allowed})")
     assert not over, "\n".join(over)
+
+
+@contextlib.contextmanager
+def side_stream_inline(branches: Optional[list] = None):
+    """The GDN/KDA backward's forked code path (``ops/side_stream.py``) on any device: ``fork`` returns a token,
+    ``on_side`` runs its function at once on the caller's stream (appending it to ``branches`` when given), ``join``
+    does nothing. For bitwise tests of that path and for recording its launches without a GPU."""
+    from unittest import mock
+
+    from mindspeed_ops.ops import side_stream
+
+    def on_side(side, fn, *args, **kwargs):
+        if branches is not None:
+            branches.append(fn)
+        return fn(*args, **kwargs)
+    with mock.patch.object(side_stream, "fork", lambda device, programs=None: object()), \
+            mock.patch.object(side_stream, "on_side", on_side), mock.patch.object(side_stream, "join", lambda side: None):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from mindspeed_ops import api
 from mindspeed_ops.ops import side_stream
 from mindspeed_ops.ops.kda import bwd as kda_bwd
-from tests.conftest import DEVICE
+from tests.conftest import DEVICE, side_stream_inline
 
 #: family -> (public function, per-channel gate)
 FAMILIES = {"gdn": (api.chunk_gated_delta_rule, False), "kda": (api.chunk_kda, True)}
@@ -74,7 +74,7 @@ def test_kda_dav_split_equals_combined(cu):
 
 @pytest.mark.parametrize("fam", ["gdn", "kda"])
 @pytest.mark.parametrize("cu", [None, [0, 21, 21, 50]])
-def test_side_branch_code_path_on_cpu(fam, cu, monkeypatch):
+def test_side_branch_code_path_on_cpu(fam, cu):
     """The forked code path (outputs made before the fork, KDA's split dAq/dv launches into the caller's buffers)
     with the streams stubbed out, on any device: the bits of the one-stream path."""
     T = 53 if cu is None else 50
@@ -97,10 +97,8 @@ def test_side_branch_code_path_on_cpu(fam, cu, monkeypatch):
         return [o, fs] + [t.grad for t in leaves]
     one = run()
     branches = []
-    monkeypatch.setattr(side_stream, "fork", lambda device, programs=None: object())
-    monkeypatch.setattr(side_stream, "on_side", lambda side, fn, *a, **k: branches.append(fn) or fn(*a, **k))
-    monkeypatch.setattr(side_stream, "join", lambda side: None)
-    _assert_equal(run(), one, "forked code path")
+    with side_stream_inline(branches):
+        _assert_equal(run(), one, "forked code path")
     assert len(branches) == (2 if fam == "kda" else 1), branches  # the scan (and KDA's dAq) took the side branch
 
 

@@ -4,15 +4,12 @@ the in-kernel l2norm, varlen), built for sm_90 (every dtype) and sm_80 (bf16) wi
 catches tl.dot shapes, shared memory and register spills before a GPU does. fp32 is recorded without the
 l2norm only: chunk_kda's real-size check cases (all with it on, GVA and varlen among them) are built for sm_80 and
 sm_90 in fp32 by tests/unit_tests/core/test_compile_only.py."""
-from unittest import mock
-
 import pytest
 import torch
 
 from mindspeed_ops import compile_check as cc
 from mindspeed_ops.api import chunk_kda
-from mindspeed_ops.ops import side_stream
-from tests.conftest import COMPILE_ONLY_MARKS, assert_compiled
+from tests.conftest import COMPILE_ONLY_MARKS, assert_compiled, side_stream_inline
 
 pytestmark = COMPILE_ONLY_MARKS
 
@@ -48,9 +45,7 @@ def _launches():
     assert odd and all(la.options.get("num_warps") == 4 for la in odd), [la.label() for la in odd]
     # on a GPU the backward forks (ops/side_stream.py) and splits dAqk / dv into two launches: record that path
     # with the streams stubbed
-    with mock.patch.object(side_stream, "fork", lambda device, programs=None: object()), \
-            mock.patch.object(side_stream, "on_side", lambda side, fn, *a, **kw: fn(*a, **kw)), \
-            mock.patch.object(side_stream, "join", lambda side: None), cc.Recorder(dry=True) as forked:
+    with side_stream_inline(), cc.Recorder(dry=True) as forked:
         _step(T, H, HV, K, torch.float16, True, None)
     forked = [la for la in forked.launches if la.qualname == "kda_bwd_dav_kernel"]
     assert {("DA=True" in la.label(), "DV=True" in la.label()) for la in forked} == {(True, False), (False, True)}
