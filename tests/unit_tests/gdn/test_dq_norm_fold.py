@@ -1,0 +1,103 @@
+"""The in-kernel qk l2norm's backward of dq applied inside ``chunk_bwd_dqkwg`` (``chunk.FOLD_DQ_NORM``).
+
+Where one dqkwg program holds a whole K row (``bwd_dqkwg.folds_q_norm``: K <= 64, or fp16/bf16 with K <= 128),
+the backward passes q's rstd to dqkwg, which applies ``rq·(dq − q̂ Σ dq ⊙ q̂)`` before its store, instead of a
+separate l2norm backward over an fp32 dq. Against the unfolded path: dq to fp32 rounding (only the row sum's
+order differs), every other gradient bitwise equal (dqkwg's dg part still uses the gradient of q̂). Cases: GVA,
+varlen with tail tokens, a partial last chunk, non-contiguous q, K 64 (folded) and 100 (not folded: two K
+blocks), fp16 K 128 (folded), NaN-poisoned outputs; and the same against the float64 oracle's gradients."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mindspeed_ops import api
+from mindspeed_ops.ops.gdn import bwd_dqkwg, chunk
+from mindspeed_ops.ops.gdn import reference as gdn_ref
+from mindspeed_ops.testing import assert_close, threshold
+from tests.conftest import DEVICE
+
+
+def _inputs(B, T, H, HV, K, V, dtype, seed=0, q_view=False):
+    gen = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen)
+    q = r(B, H, T, K).transpose(1, 2) if q_view else r(B, T, H, K)
+    k, v = r(B, T, H, K) * 3.0, r(B, T, HV, V)
+    g = F.logsigmoid(torch.rand(B, T, HV, generator=gen)) / 0.5
+    beta = torch.sigmoid(r(B, T, HV))
+    h0 = r(B, HV, K, V)
+    do = r(B, T, HV, V)
+    ins = [t.to(DEVICE, dtype) for t in (q, k, v)] + [g.to(DEVICE), beta.to(DEVICE, dtype), h0.to(DEVICE)]
+    return ins, do.to(DEVICE, dtype)
+
+
+def _grads(ins, do, cu, fold, monkeypatch):
+    monkeypatch.setattr(chunk, "FOLD_DQ_NORM", fold)
+    leaves = [t.detach().clone().requires_grad_() for t in ins]
+    q, k, v, g, beta, h0 = leaves
+    o, _ = api.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                      use_qk_l2norm_in_kernel=True, cu_seqlens=cu, chunk_size=64)
+    (o.float() * do.float()).sum().backward()
+    return [t.grad for t in leaves]
+
+
+CASES = [  # (B, T, H, HV, K, V, dtype, varlen, q_view)
+    (1, 150, 2, 4, 64, 32, torch.float32, False, True),     # GVA, partial last chunk, non-contiguous q: folded
+    (1, 200, 2, 2, 64, 48, torch.float32, True, False),     # varlen with tail tokens: folded
+    (2, 70, 1, 2, 100, 32, torch.float32, False, False),    # two K blocks: not folded
+    (1, 130, 1, 1, 128, 32, torch.float16, False, False),   # fp16, whole K = 128 in one block: folded
+]
+
+
+@pytest.mark.parametrize("B, T, H, HV, K, V, dtype, varlen, q_view", CASES)
+def test_fold_matches_separate_l2norm_backward(B, T, H, HV, K, V, dtype, varlen, q_view, monkeypatch, poisoned):
+    ins, do = _inputs(B, T, H, HV, K, V, dtype, q_view=q_view)
+    cu = torch.tensor([0, 60, 61, 170], device=DEVICE) if varlen else None
+    if varlen:
+        ins[5] = ins[5][:1].expand(3, -1, -1, -1).contiguous()  # one initial state per sequence
+    folded = bwd_dqkwg.folds_q_norm(ins[0])
+    assert folded == (K <= 64 or (K <= 128 and dtype != torch.float32))
+    calls = []
+    orig = chunk._l2norm
+
+    def spy(x):
+        impl = orig(x)
+
+        class Counting:
+            forward = staticmethod(impl.forward)
+
+            @staticmethod
+            def backward(*a, **kw):
+                calls.append(a[0].shape)
+                return impl.backward(*a, **kw)
+        return Counting
+    monkeypatch.setattr(chunk, "_l2norm", spy)
+    a = _grads(ins, do, cu, True, monkeypatch)
+    n_fold = len(calls)
+    b = _grads(ins, do, cu, False, monkeypatch)
+    assert n_fold == (1 if folded else 2) and len(calls) - n_fold == 2  # the q launch goes only where folded
+    names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+    for name, x, y in zip(names, a, b):
+        assert x is not None and torch.isfinite(x).all(), name
+        assert x.dtype == y.dtype, name
+        if name == "dq" and folded:
+            assert_close(name, y.double(), x, 1e-6 if dtype == torch.float32 else 2e-3)
+        else:
+            assert torch.equal(x, y), name
+    if varlen:
+        assert (a[0][:, int(cu[-1]):] == 0).all()
+
+
+def test_fold_against_oracle(monkeypatch):
+    """The folded path's gradients against autograd of the float64 chunked reference (fp32, GVA)."""
+    ins, do = _inputs(1, 100, 2, 4, 64, 32, torch.float32, seed=3)
+    got = _grads(ins, do, None, True, monkeypatch)
+    ref_leaves = [t.detach().double().clone().requires_grad_() for t in ins]
+    q, k, v, g, beta, h0 = ref_leaves
+    o, _ = gdn_ref.chunk_gated_delta_rule_ref(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                              use_qk_l2norm_in_kernel=True, chunk_size=64)
+    (o * do.double()).sum().backward()
+    for name, x, y, cls in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, ref_leaves,
+                               ("LA-d", "LA-d", "LA-d", "LA-g", "LA-g", "LA-d")):
+        assert_close(name, y.grad, x, threshold(cls, torch.float32))
