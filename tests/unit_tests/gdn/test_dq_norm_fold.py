@@ -14,7 +14,7 @@ from mindspeed_ops import api
 from mindspeed_ops.ops.gdn import bwd_dqkwg, chunk
 from mindspeed_ops.ops.gdn import reference as gdn_ref
 from mindspeed_ops.testing import assert_close, threshold
-from tests.conftest import DEVICE
+from tests.conftest import COMPILE_ONLY_MARKS, DEVICE, assert_compiled
 
 
 def _inputs(B, T, H, HV, K, V, dtype, seed=0, q_view=False):
@@ -101,3 +101,23 @@ def test_fold_against_oracle(monkeypatch):
     for name, x, y, cls in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, ref_leaves,
                                ("LA-d", "LA-d", "LA-d", "LA-g", "LA-g", "LA-d")):
         assert_close(name, y.grad, x, threshold(cls, torch.float32))
+
+
+@COMPILE_ONLY_MARKS[0]
+@COMPILE_ONLY_MARKS[1]
+def test_folded_dqkwg_compiles_for_gpu():
+    """The folded dqkwg launch at Qwen3-Next's head size (bf16, K = V = 128, GVA 16/32) builds for sm_80 and sm_90
+    with every kept configuration and no more spills than the unfolded one's bound (DQKWG_BK128_SPILL)."""
+    from mindspeed_ops import compile_check as cc
+    from tests.unit_tests.gdn.test_bwd_dqkwg import DQKWG_BK128_SPILL
+
+    T, BT, H, HV, K = 4096, 64, 16, 32, 128
+    dt = torch.float16  # recorded in fp16, built as its bf16 twin (the interpreter shim widens bf16)
+    q, w, v = (torch.empty(1, T, n, K, dtype=dt) for n in (H, HV, HV))
+    G, h = torch.empty(1, T, HV), torch.empty(1, T // BT, HV, K, K, dtype=dt)
+    with cc.Recorder(dry=True) as rec:
+        bwd_dqkwg.forward(q, q, v, v, h, h, G, v, w, None, None, None, BT, dw_dtype=dt,
+                          q_rstd=torch.empty(1, T, H))
+    launches = [cc.as_bf16(la) for la in cc.dedupe(rec.launches)]
+    assert launches and all("NORM_DQ=True" in la.label() for la in launches)
+    assert_compiled(cc.compile_launches(launches, archs=(80, 90), jobs=2), lambda r: DQKWG_BK128_SPILL)
