@@ -111,12 +111,10 @@ def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, us
     del h, dh, v_new, w
     # wy's backward adds dqkwg's dk and dG on its way out (no separate elementwise passes); with the l2norm, the
     # GVA sum of dk over value heads happens as the l2norm backward reads it (no [B, T, H, K] pass of its own)
-    dk, dv, dbeta, dG = wy_fast.backward(kn, v, G, beta, Ainv, dw, dv2, cu_host, cu, idx, dk_acc=dk, dg_acc=dG,
-                                         fold=not use_qk_l2norm_in_kernel)
+    # and it returns dg = the reverse chunk cumsum of the total dG (the gate's gradient; no launch of its own)
+    dk, dv, dbeta, dg = wy_fast.backward(kn, v, G, beta, Ainv, dw, dv2, cu_host, cu, idx, dk_acc=dk, dg_acc=dG,
+                                         fold=not use_qk_l2norm_in_kernel, dg_cumsum=True)
     del dw, dv2
-    dg = None
-    if G is not None:
-        dg = cumsum.forward(dG, BT, True, None, cu_host, cu, torch.float32, idx)
     if use_qk_l2norm_in_kernel:  # straight to the input dtype: the caller's cast would be one more pass
         if not fold_q:
             dq = _l2norm(q).backward(qn, q_rstd, dq, L2_EPS, True, q.dtype)

@@ -1,4 +1,9 @@
-"""The in-kernel qk l2norm's backward of dq applied inside ``chunk_bwd_dqkwg`` (``chunk.FOLD_DQ_NORM``).
+"""Work of the GDN backward folded into neighbouring kernels (one launch fewer each).
+
+1. The reverse chunk cumsum of dG inside wy's backward (``wy_fast.backward(dg_cumsum=True)``): equal, to fp32
+   rounding, to the separate reverse ``chunk_local_cumsum`` of its unfolded dg (varlen with empty sequences and
+   a NaN/inf-poisoned tail, GVA, chunk sizes 16/64); the other outputs bitwise equal.
+2. The in-kernel qk l2norm's backward of dq applied inside ``chunk_bwd_dqkwg`` (``chunk.FOLD_DQ_NORM``).
 
 Where one dqkwg program holds a whole K row (``bwd_dqkwg.folds_q_norm``: K <= 64, or fp16/bf16 with K <= 128),
 the backward passes q's rstd to dqkwg, which applies ``rq·(dq − q̂ Σ dq ⊙ q̂)`` before its store, instead of a
@@ -11,10 +16,39 @@ import torch
 import torch.nn.functional as F
 
 from mindspeed_ops import api
-from mindspeed_ops.ops.gdn import bwd_dqkwg, chunk
+from mindspeed_ops.ops.gdn import bwd_dqkwg, chunk, cumsum, wy_fast
+from mindspeed_ops.ops.gdn.common import device_tables
 from mindspeed_ops.ops.gdn import reference as gdn_ref
 from mindspeed_ops.testing import assert_close, threshold
 from tests.conftest import COMPILE_ONLY_MARKS, DEVICE, assert_compiled
+
+
+@pytest.mark.parametrize("BT, cu, dtype", [(64, None, torch.float32), (16, [0, 37, 100, 101, 150], torch.float32),
+                                           (64, [0, 0, 70, 150, 150, 200], torch.float16)])
+def test_wy_backward_dg_cumsum(BT, cu, dtype, poisoned):
+    from tests.unit_tests.gdn.test_wy_fast import make_inputs
+
+    T = 150 if cu is None else cu[-1] + 7
+    k, v, beta, G, _, A, dw, du = make_inputs(2 if cu is None else 1, T, 1, 2, 32, 24, BT, dtype, cu=cu, seed=5)
+    if cu is not None:
+        for t in (k, v, beta, G, A, dw, du):
+            t[:, cu[-1]:] = float("nan")
+    cu_t = None if cu is None else torch.tensor(cu, device=DEVICE)
+    cu_d, idx = device_tables(cu, BT, k.device)
+    dg_acc = torch.randn(G.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    if cu is not None:
+        dg_acc[:, cu[-1]:] = 0  # as dqkwg leaves its tail
+    dk_acc = torch.randn(k.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    plain = wy_fast.backward(k, v, G, beta, A, dw, du, cu, cu_t, dk_acc=dk_acc, dg_acc=dg_acc, fold=False)
+    fused = wy_fast.backward(k, v, G, beta, A, dw, du, cu, cu_t, dk_acc=dk_acc, dg_acc=dg_acc, fold=False,
+                             dg_cumsum=True)
+    for name, x, y in zip(("dk", "dv", "dbeta"), fused[:3], plain[:3]):
+        assert torch.equal(x, y), name
+    want = cumsum.forward(plain[3], BT, True, None, cu, cu_d, torch.float32, idx)
+    assert torch.isfinite(fused[3]).all()
+    assert_close("dg", want.double(), fused[3], 1e-6)
+    if cu is not None:
+        assert (fused[3][:, cu[-1]:] == 0).all()
 
 
 def _inputs(B, T, H, HV, K, V, dtype, seed=0, q_view=False):
