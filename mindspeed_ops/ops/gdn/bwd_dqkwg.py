@@ -11,7 +11,7 @@ from ...validation import check_same_device, check_tensor, reject_float64
 from ..common import unit_last_stride
 from . import reference_bwd as _ref
 from .bwd_dv import check_qk_do
-from .common import chunk_table, prune_v_tiles, use_triton
+from .common import chunk_table, prune_v_tiles, row_factor_args, use_triton
 
 OP = "chunk_bwd_dqkwg"
 
@@ -116,7 +116,8 @@ def _kernel():
     if _KERNEL is None:
         from .triton_bwd import chunk_bwd_dqkwg_kernel
 
-        _KERNEL = tu.autotune(_configs(), key=["H", "GQ", "K", "V", "BT", "USE_G", "HAS_DW", "IS_VARLEN", "BK"],
+        _KERNEL = tu.autotune(_configs(), key=["H", "GQ", "K", "V", "BT", "USE_G", "HAS_DW", "IS_VARLEN", "BK",
+                                                 "NORM_DQ"],
                               prune_configs_by={"early_config_prune": _prune})(chunk_bwd_dqkwg_kernel)
     return _KERNEL
 
@@ -132,11 +133,20 @@ def block_k(K: int, dtype: torch.dtype) -> int:
     return min(64, b)
 
 
+def folds_q_norm(q: torch.Tensor) -> bool:
+    """Whether :func:`forward` can take ``q_rstd`` for this ``q``: one program holds a row's whole K."""
+    K = q.shape[-1]
+    return block_k(K, tu.kernel_dtype(q.dtype)) >= K
+
+
 def forward(q, k, v, do, h, dh, g, dv, w, scale, cu_host, cu_seqlens, chunk_size, chunk_indices=None,
-            dw_dtype=torch.float32):
+            dw_dtype=torch.float32, q_rstd=None):
     """Triton launch (arguments already validated). ``dw_dtype``: the GDN pipeline asks for k's dtype, the
     operand dtype its only consumer (wy's backward) rounds dw to before every product anyway: half the
-    bytes written and read, the same result."""
+    bytes written and read, the same result. ``q_rstd`` (``[B, T, H]`` fp32, only where
+    :func:`folds_q_norm`): ``q`` is the l2-normalized ``q̂ = q_raw·q_rstd`` and the returned ``dq`` is the
+    gradient of ``q_raw`` in q's dtype (the l2norm backward applied in the kernel, ``l2norm.backward``'s
+    formula with ``normalized=True``), not the fp32 gradient of ``q̂``."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
@@ -147,7 +157,8 @@ def forward(q, k, v, do, h, dh, g, dv, w, scale, cu_host, cu_seqlens, chunk_size
     has_dw = w is not None and dv is not None
     BK = block_k(K, qq.dtype)
     NKB = tu.cdiv(K, BK)
-    dq = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
+    assert q_rstd is None or NKB == 1, "q_rstd needs one K-block (folds_q_norm)"
+    dq = torch.empty(B, T, H, K, dtype=torch.float32 if q_rstd is None else tu.kernel_dtype(q.dtype), device=dev)
     dk = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
     dw = torch.empty(B, T, HV, K, dtype=dw_dtype, device=dev) if has_dw else None
     dg = torch.empty(B, T, HV, dtype=torch.float32, device=dev) if g is not None else None
@@ -164,19 +175,23 @@ def forward(q, k, v, do, h, dh, g, dv, w, scale, cu_host, cu_seqlens, chunk_size
         dummy = qq
         z3 = (0, 0, 0)
         grid = (NT * B * H * NKB * 2,)
+        r_ptr, *sr = row_factor_args(q_rstd, dummy)
         _kernel()[grid](
             qq, kk, vv, oo, hh, dhh, dummy if gg is None else gg, dummy if (uu is None or not has_dw) else uu,
             dq, dk, dummy if dw is None else dw, dummy if dg_part is None else dg_part,
-            dummy if cu is None else cu, dummy if idx is None else idx,
+            dummy if cu is None else cu, dummy if idx is None else idx, r_ptr,
             T, B, H, HV // H, K, V, float(K ** -0.5 if scale is None else scale),
             *qq.stride()[:3], *kk.stride()[:3], *vv.stride()[:3], *oo.stride()[:3], *hh.stride()[:4],
             *dhh.stride()[:4], *(gg.stride() if gg is not None else z3),
             *(uu.stride()[:3] if (uu is not None and has_dw) else z3), *dq.stride()[:3],
             *(dw.stride()[:3] if dw is not None else z3), *(dg_part.stride() if dg_part is not None else (0, 0, 0, 0)),
-            BT=BT, BK=BK, USE_G=g is not None, HAS_DW=has_dw, IS_VARLEN=idx is not None)
+            *sr,
+            BT=BT, BK=BK, USE_G=g is not None, HAS_DW=has_dw, IS_VARLEN=idx is not None, NORM_DQ=q_rstd is not None)
         if dg is not None:
             torch.sum(dg_part, 0, out=dg)
     elif dg is not None:
         dg.zero_()  # no key channels (K = 0) or nothing but tail tokens
+    if q_rstd is not None:
+        dq = tu.finish(dq, q.dtype)
     return dq, dk, dw, dg
 

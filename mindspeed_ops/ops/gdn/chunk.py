@@ -35,6 +35,12 @@ _env_switch = tu.env_switch
 FUSED_KKT_SOLVE = _env_switch("MINDSPEED_OPS_GDN_FUSED_KKT_SOLVE")
 
 
+#: Apply the in-kernel l2norm's backward of dq inside ``chunk_bwd_dqkwg`` where it can (``folds_q_norm``: one
+#: program holds a whole K row) instead of a separate l2norm backward launch over an fp32 dq. A module attribute
+#: (no environment switch) so that tests can compare both paths.
+FOLD_DQ_NORM = True
+
+
 def _ainv(k, G, beta, HV: int, cu_host, cu, BT: int, idx, rk):
     """``Ainv = solve_tril(chunk_scaled_dot_kkt(k, G, beta))`` in k's dtype, by ``FUSED_KKT_SOLVE``'s path."""
     if FUSED_KKT_SOLVE:
@@ -98,19 +104,20 @@ def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, us
     dh, dh0, dv2 = bwd_dhu.forward(qn, kn, w, do, dv_local, G, None, initial_state, dht, scale, BT, cu_host)
     side_stream.join(side)  # before any input of the side branch (u) is freed
     del dv_local, u  # the recomputed intermediates go as soon as their last stage has run (peak memory)
+    # the l2norm backward of dq inside dqkwg where one program holds a whole row (no fp32 dq pass of its own)
+    fold_q = use_qk_l2norm_in_kernel and FOLD_DQ_NORM and bwd_dqkwg.folds_q_norm(qn)
     dq, dk, dw, dG = bwd_dqkwg.forward(qn, kn, v_new, do, h, dh, G, dv2, w, scale, cu_host, cu, BT, idx,
-                                       dw_dtype=tu.kernel_dtype(kn.dtype))
+                                       dw_dtype=tu.kernel_dtype(kn.dtype), q_rstd=q_rstd if fold_q else None)
     del h, dh, v_new, w
     # wy's backward adds dqkwg's dk and dG on its way out (no separate elementwise passes); with the l2norm, the
     # GVA sum of dk over value heads happens as the l2norm backward reads it (no [B, T, H, K] pass of its own)
-    dk, dv, dbeta, dG = wy_fast.backward(kn, v, G, beta, Ainv, dw, dv2, cu_host, cu, idx, dk_acc=dk, dg_acc=dG,
-                                         fold=not use_qk_l2norm_in_kernel)
+    # and it returns dg = the reverse chunk cumsum of the total dG (the gate's gradient; no launch of its own)
+    dk, dv, dbeta, dg = wy_fast.backward(kn, v, G, beta, Ainv, dw, dv2, cu_host, cu, idx, dk_acc=dk, dg_acc=dG,
+                                         fold=not use_qk_l2norm_in_kernel, dg_cumsum=True)
     del dw, dv2
-    dg = None
-    if G is not None:
-        dg = cumsum.forward(dG, BT, True, None, cu_host, cu, torch.float32, idx)
     if use_qk_l2norm_in_kernel:  # straight to the input dtype: the caller's cast would be one more pass
-        dq = _l2norm(q).backward(qn, q_rstd, dq, L2_EPS, True, q.dtype)
+        if not fold_q:
+            dq = _l2norm(q).backward(qn, q_rstd, dq, L2_EPS, True, q.dtype)
         dk = _l2norm(k).backward(kn, k_rstd, dk, L2_EPS, True, k.dtype, dy_group=v.shape[2] // k.shape[2])
         zero_tail_rows(cu_host, dq, dk)
     return dq, dk, dv, dg, dbeta, dh0

@@ -256,13 +256,14 @@ def chunk_bwd_dhu_kernel(q_ptr, k_ptr, w_ptr, do_ptr, dv_ptr, g_ptr, gk_ptr, dht
 
 @triton.jit
 def chunk_bwd_dqkwg_kernel(q_ptr, k_ptr, v_ptr, do_ptr, h_ptr, dh_ptr, g_ptr, dv_ptr,
-                           dq_ptr, dk_ptr, dw_ptr, dg_ptr, cu_ptr, idx_ptr,
+                           dq_ptr, dk_ptr, dw_ptr, dg_ptr, cu_ptr, idx_ptr, rq_ptr,
                            T, B, H, GQ, K, V, scale,
                            s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
                            s_hb, s_hc, s_hh, s_hk, s_db, s_dc, s_dh, s_dk, s_gb, s_gt, s_gh,
                            s_ub, s_ut, s_uh, s_qob, s_qot, s_qoh, s_wb, s_wt, s_wh, s_gn, s_gob, s_got, s_goh,
-                           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
-                           HAS_DW: tl.constexpr, IS_VARLEN: tl.constexpr):
+                           s_rb, s_rt, s_rh, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                           USE_G: tl.constexpr, HAS_DW: tl.constexpr, IS_VARLEN: tl.constexpr,
+                           NORM_DQ: tl.constexpr = False):
     """One (chunk, q/k head, K-block of ``BK``, phase) per program, looping over the ``GQ`` value heads
     that share the q/k head (GVA: their ``dq``/``dk`` are summed in registers in head order, so the
     result is deterministic without atomics). Two phases keep the register footprint small:
@@ -279,7 +280,9 @@ def chunk_bwd_dqkwg_kernel(q_ptr, k_ptr, v_ptr, do_ptr, h_ptr, dh_ptr, g_ptr, dv
     slots with torch (deterministic). ``dAᵀ`` is a product of its own (no transpose of a ``tl.dot``
     result). Program id: flattened ``(((chunk · B + batch) · H + head) · NK + K-block) · 2 + phase``
     (the programs of one chunk are adjacent, so do/v/h/dh come from L2 for the later ones); ``h``/``dh``
-    are indexed by the flattened chunk."""
+    are indexed by the flattened chunk. ``NORM_DQ`` (one K-block, ``BK >= K``): ``q`` is the l2-normalized
+    ``q̂`` and ``rq`` its fp32 rstd ``[B, T, H]``; the l2norm backward ``rq·(dq − q̂ Σ_d dq ⊙ q̂)`` is applied to
+    the summed ``dq`` before its store (in dq's dtype), so no separate pass reads it back."""
     pid = tl.program_id(0).to(tl.int64)
     NKB = tl.cdiv(K, BK)
     i_p = pid % 2
@@ -350,6 +353,10 @@ def chunk_bwd_dqkwg_kernel(q_ptr, k_ptr, v_ptr, do_ptr, h_ptr, dh_ptr, g_ptr, dv
                 tl.store(dg_ptr + (2 * i_k) * s_gn + i_b * s_gob + i_h * s_goh + start * s_got + o_t * s_got,
                          b_dg.to(dg_ptr.dtype.element_ty), mask=rmask)
             b_sum += b_dq
+        if NORM_DQ:  # the row's whole K is in this block (the launcher's condition)
+            b_qf = b_q.to(tl.float32)
+            b_rq = tl.load(rq_ptr + i_b * s_rb + i_hq * s_rh + (start + o_t) * s_rt, mask=rmask, other=0.0)
+            b_sum = b_rq[:, None] * (b_sum - b_qf * tl.sum(b_sum * b_qf, 1)[:, None])
         tl.store(dq_ptr + out_off, b_sum.to(dq_ptr.dtype.element_ty), mask=km)
     else:
         causal_t = (o_t[None, :] >= o_t[:, None]) & rmask[:, None] & rmask[None, :]   # [j, i]: i >= j

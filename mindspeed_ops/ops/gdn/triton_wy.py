@@ -346,7 +346,8 @@ def wy_bwd_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, dw_ptr, du_ptr, dk_ptr, 
                   s_dkb, s_dkt, s_dkh, s_dkd, s_dvb, s_dvt, s_dvh, s_dvd, s_ob, s_ot, s_oh,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr,
-                  dkin_ptr, dgin_ptr, s_ib, s_it, s_ih, s_jb, s_jt, s_jh, HAS_ACC: tl.constexpr):
+                  dkin_ptr, dgin_ptr, s_ib, s_it, s_ih, s_jb, s_jt, s_jh, HAS_ACC: tl.constexpr,
+                  DG_CUMSUM: tl.constexpr = False):
     """Backward of ``w, u`` (SPEC 1.10.4) for one chunk and value head, ``T = A``:
 
     pass 1 (V tiles, then K tiles): ``dv = β ⊙ Tᵀdu``, ``dβ += Σ v ⊙ Tᵀdu``, and both
@@ -358,7 +359,9 @@ def wy_bwd_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, dw_ptr, du_ptr, dk_ptr, 
     ``dk`` is written per value head (fp32); the launcher sums value heads sharing a q/k head.
     ``HAS_ACC``: the pipeline's other parts of the gradients are added on the way out, so no separate
     elementwise pass reads them again: ``dkin [B, T, H, K]`` (fp32, per q/k head) into the first value
-    head of each group only (the launcher's group sum then counts it once), ``dgin [B, T, HV]`` into dg."""
+    head of each group only (the launcher's group sum then counts it once), ``dgin [B, T, HV]`` into dg.
+    ``DG_CUMSUM``: dg leaves as its reverse cumsum inside the chunk (the gradient of the gate ``g`` itself
+    rather than of its cumsum ``G``), so the pipeline needs no separate reverse-cumsum launch."""
     i_c, i_b, i_h, i_hk = _program(BHV, HV, GRP)
     start, eos = _chunk_bounds(i_c, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
     o = tl.arange(0, BT)
@@ -451,4 +454,6 @@ def wy_bwd_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, dw_ptr, du_ptr, dk_ptr, 
     if HAS_G:
         if HAS_ACC:
             b_dg += tl.load(dgin_ptr + i_b * s_jb + rows * s_jt + i_h * s_jh, mask=valid, other=0.0).to(tl.float32)
+        if DG_CUMSUM:  # rows past the sequence end hold 0 (masked loads): a suffix sum over the valid rows
+            b_dg = tl.cumsum(b_dg, axis=0, reverse=True)
         tl.store(dg_ptr + i_b * s_ob + rows * s_ot + i_h * s_oh, b_dg, mask=valid)

@@ -216,11 +216,13 @@ def prepare_wy_repr_bwd(k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tens
 
 
 def backward(k, v, g, beta, A, dw, du, cu_host, cu_seqlens, chunk_indices=None, dk_acc=None, dg_acc=None,
-             fold: bool = True):
+             fold: bool = True, dg_cumsum: bool = False):
     """Triton launch of ``prepare_wy_repr_bwd`` (arguments already validated). ``dk_acc [B, T, H, K]`` and
     ``dg_acc [B, T, HV]`` (fp32, contiguous last dim; dg_acc only with g, and given whenever dk_acc is): the
     GDN pipeline's other parts of ``dk``/``dG``, added inside the kernel (the returned dk/dg include them).
-    ``fold=False``: ``dk`` per value head, ``[B, T, HV, K]`` contiguous (its consumer sums the heads)."""
+    ``fold=False``: ``dk`` per value head, ``[B, T, HV, K]`` contiguous (its consumer sums the heads).
+    ``dg_cumsum``: the returned dg is the reverse cumsum inside each chunk of the total ``dG`` (what the
+    pipeline's reverse ``chunk_local_cumsum`` would make of it), formed in the kernel."""
     from .triton_wy import wy_bwd_kernel
 
     B, T, H, K = k.shape
@@ -246,7 +248,7 @@ def backward(k, v, g, beta, A, dw, du, cu_host, cu_seqlens, chunk_indices=None, 
             dkin_ptr=dk_acc if dk_acc is not None else kx, dgin_ptr=dg_acc if dg_acc is not None else kx,
             **dict(zip(("s_ib", "s_it", "s_ih"), dk_acc.stride()[:3] if dk_acc is not None else (0, 0, 0))),
             **dict(zip(("s_jb", "s_jt", "s_jh"), dg_acc.stride() if dg_acc is not None else (0, 0, 0))),
-            HAS_ACC=dk_acc is not None, num_warps=nw, num_stages=ns)
+            HAS_ACC=dk_acc is not None, DG_CUMSUM=dg_cumsum, num_warps=nw, num_stages=ns)
     elif dk_acc is not None:  # no chunk to run: the other parts are the gradient
         dk_v[:, :, ::HV // H] = dk_acc
         if dg is not None:

@@ -330,11 +330,13 @@ def test_kernels_compile_for_gpu():
             recompute_w_u_fwd(k, v, beta, A, g=G)
             recompute_w_u_fwd(k, v, beta, A, gk=torch.empty(1, T, 32, 128), cu_seqlens=torch.tensor([0, 99, T]))
             prepare_wy_repr_bwd(k, v, G, beta, A, torch.empty(1, T, 32, 128), torch.empty_like(v), chunk_size=BT)
-            # the GDN pipeline's variant: dqkwg's dk/dG added in the kernel (HAS_ACC), dw in k's dtype
+            # the GDN pipeline's variant: dqkwg's dk/dG added in the kernel (HAS_ACC), dw in k's dtype, dg's reverse
+            # chunk cumsum in the kernel (DG_CUMSUM)
             wy_fast_module.backward(k, v, G, beta, A, torch.empty(1, T, 32, 128, dtype=dt), torch.empty_like(v), None,
-                                    None, dk_acc=torch.empty(1, T, 16, 128), dg_acc=torch.empty(1, T, 32))
+                                    None, dk_acc=torch.empty(1, T, 16, 128), dg_acc=torch.empty(1, T, 32),
+                                    dg_cumsum=True)
     launches = cc.dedupe(rec.launches)
-    assert any("HAS_ACC=True" in la.label() for la in launches)
+    assert any("HAS_ACC=True" in la.label() and "DG_CUMSUM=True" in la.label() for la in launches)
     bf16 = [cc.as_bf16(la) for la in launches if "*fp16" in la.signature.values()]
     assert {la.qualname for la in launches} == {"wy_fwd_kernel", "wy_bwd_kernel"}
     # H200 (sm_90) for every dtype; A100 (sm_80) for bf16 (the fp32 builds are slow to compile)
