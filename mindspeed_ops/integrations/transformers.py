@@ -234,18 +234,26 @@ def _activate(module: nn.Module, options: frozenset) -> None:
 # replacement forwards
 
 
+def _norm_eps(norm) -> float:
+    """A transformers norm module's epsilon: ``variance_epsilon`` or ``eps`` (the name varies by model and
+    version, e.g. DeepseekV4UnweightedRMSNorm has ``eps`` in 5.24 and ``variance_epsilon`` in 5.25)."""
+    for name in ("variance_epsilon", "eps"):
+        if hasattr(norm, name):
+            return getattr(norm, name)
+    raise AttributeError(f"{type(norm).__name__} has neither variance_epsilon nor eps")
+
+
 def _rms_norm_forward(offset: float, same_dtype_only: bool = False):
     def forward(self, hidden_states):
         w = self.weight
         if same_dtype_only and w.dtype != hidden_states.dtype:
             return type(self).forward(self, hidden_states)
-        eps = getattr(self, "variance_epsilon", getattr(self, "eps", 1e-6))
-        return api.rms_norm(hidden_states, w, eps=eps, offset=offset)
+        return api.rms_norm(hidden_states, w, eps=_norm_eps(self), offset=offset)
     return forward
 
 
 def _unweighted_rms_norm_forward(self, x):
-    return api.rms_norm(x, None, eps=self.eps)
+    return api.rms_norm(x, None, eps=_norm_eps(self))
 
 
 def _gated_norm_forward(casting: str):
@@ -253,7 +261,7 @@ def _gated_norm_forward(casting: str):
         act = getattr(self, "activation", "silu")
         if gate is None or act not in ("silu", "swish", "sigmoid"):
             return type(self).forward(self, hidden_states, gate)
-        return api.rms_norm_gated(hidden_states, gate, self.weight, activation=act, eps=self.variance_epsilon,
+        return api.rms_norm_gated(hidden_states, gate, self.weight, activation=act, eps=_norm_eps(self),
                                   casting=casting)
     return forward
 
@@ -271,7 +279,7 @@ def _dsv4_hc_weights(flat: torch.Tensor, fn: torch.Tensor, eps: float) -> torch.
 def _dsv4_hyper_connection_forward(self, hidden_streams):
     B, S = hidden_streams.shape[:2]
     flat = hidden_streams.reshape(B, S, -1).float()
-    mixes = _dsv4_hc_weights(flat, self.fn, self.input_norm.eps)
+    mixes = _dsv4_hc_weights(flat, self.fn, _norm_eps(self.input_norm))
     pre, post, comb = api.sinkhorn(mixes, self.scale, self.base, hc_mult=self.hc_mult,
                                    sinkhorn_iters=self.hc_sinkhorn_iters, eps=self.hc_eps)
     return post, comb, api.mhc_pre_bmm(pre, hidden_streams)
@@ -279,7 +287,7 @@ def _dsv4_hyper_connection_forward(self, hidden_streams):
 
 def _dsv4_hyper_head_forward(self, x):
     flat = x.flatten(2).float()
-    mixes = _dsv4_hc_weights(flat, self.hc_fn, self.input_norm.eps)
+    mixes = _dsv4_hc_weights(flat, self.hc_fn, _norm_eps(self.input_norm))
     pre = torch.sigmoid(mixes * self.hc_scale.float() + self.hc_base.float()) + self.eps
     return api.mhc_pre_bmm(pre, x)
 

@@ -34,9 +34,17 @@ def test_transformers_binds_our_kernels():
         assert fla_compat.is_shim(fla) and fla.__version__ == fla_compat.SHIM_VERSION
         from mindspeed_ops import api
         from transformers.models.qwen3_next import modeling_qwen3_next as mq
-        from transformers.utils import is_flash_linear_attention_available
-        bound = inspect.getclosurevars(mq.torch_chunk_gated_delta_rule).nonlocals["implementation"]
+
+        def probe(fn):
+            # (the implementation transformers bound where it probes fla, its own PyTorch function); from 5.25 the
+            # probing wrapper sits inside a `kernels` Func module, which keeps CPU inputs on the PyTorch function
+            if not inspect.isfunction(fn):
+                fn = inspect.getclosurevars(type(fn).forward).nonlocals["func"]
+            return inspect.getclosurevars(fn).nonlocals["implementation"], fn.__wrapped__
+
+        bound, torch_fn = probe(mq.torch_chunk_gated_delta_rule)
         assert bound is api.chunk_gated_delta_rule, bound
+        from transformers.utils import is_flash_linear_attention_available
         assert not is_flash_linear_attention_available()
         # the bound call takes HF's keywords and matches HF's own PyTorch function
         torch.manual_seed(0)
@@ -44,16 +52,16 @@ def test_transformers_binds_our_kernels():
         v, g, b = torch.randn(1, 20, 4, 16), -torch.rand(1, 20, 4), torch.rand(1, 20, 4)
         kw = dict(g=g, beta=b, initial_state=None, output_final_state=True, use_qk_l2norm_in_kernel=True,
                   cu_seqlens=None)
-        o, s = mq.torch_chunk_gated_delta_rule(q, k, v, **kw)
-        o_ref, s_ref = mq.torch_chunk_gated_delta_rule.__wrapped__(q, k, v, **kw)
-        assert (o - o_ref).abs().max() < 1e-4 and (s - s_ref).abs().max() < 1e-4
+        o_ref, s_ref = torch_fn(q, k, v, **kw)
+        for o, s in (bound(q, k, v, **kw), mq.torch_chunk_gated_delta_rule(q, k, v, **kw)):
+            assert (o - o_ref).abs().max() < 1e-4 and (s - s_ref).abs().max() < 1e-4
         # chunk_kda: ours when this build has it, else transformers keeps its PyTorch function
         if importlib.util.find_spec("transformers.models.kimi_linear") is not None:
             from transformers.models.kimi_linear import modeling_kimi_linear as mk
-            impl = inspect.getclosurevars(mk.chunk_kimi_delta_attention).nonlocals["implementation"]
+            impl, kda_torch_fn = probe(mk.chunk_kimi_delta_attention)
             has = callable(getattr(api, "chunk_kda", None))
             assert (impl is getattr(api, "chunk_kda", None)) == has, impl
-            assert (impl is mk.chunk_kimi_delta_attention.__wrapped__) != has
+            assert (impl is kda_torch_fn) != has
         fla_compat.uninstall()
         assert "fla" not in __import__("sys").modules
         print("OK")
