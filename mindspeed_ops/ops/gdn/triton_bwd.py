@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ...triton_utils import i64
-from .triton_kernels import _chunk_bounds, _chunk_v_tile, _mm
+from .triton_kernels import _chunk_bounds, _chunk_v_tile, _mm, _row_factor
 
 
 # ------------------------------------------------------------------------------------------------
@@ -355,7 +355,7 @@ def chunk_bwd_dqkwg_kernel(q_ptr, k_ptr, v_ptr, do_ptr, h_ptr, dh_ptr, g_ptr, dv
             b_sum += b_dq
         if NORM_DQ:  # the row's whole K is in this block (the launcher's condition)
             b_qf = b_q.to(tl.float32)
-            b_rq = tl.load(rq_ptr + i_b * s_rb + i_hq * s_rh + (start + o_t) * s_rt, mask=rmask, other=0.0)
+            b_rq = _row_factor(rq_ptr + i_b * s_rb + i_hq * s_rh + start * s_rt, o_t, rmask, s_rt)
             b_sum = b_rq[:, None] * (b_sum - b_qf * tl.sum(b_sum * b_qf, 1)[:, None])
         tl.store(dq_ptr + out_off, b_sum.to(dq_ptr.dtype.element_ty), mask=km)
     else:
