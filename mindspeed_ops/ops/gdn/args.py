@@ -150,6 +150,22 @@ def check_cu_seqlens_cpu(op: str, cu_seqlens, cu_seqlens_cpu) -> None:
                          f"got {shape_str(cu_seqlens_cpu.shape)}")
 
 
+def check_qk_rstd(op: str, q, k, q_rstd, k_rstd, use_qk_l2norm_in_kernel: bool) -> None:
+    """The backward op's ``q_rstd``/``k_rstd`` (metadata only, fake tensors too): both or neither, only with the
+    in-kernel l2norm, each fp32 ``q.shape[:-1]`` (``k.shape[:-1]``) on q's (k's) device."""
+    if q_rstd is None and k_rstd is None:
+        return
+    if q_rstd is None or k_rstd is None:
+        raise ValueError(f"{op}: q_rstd and k_rstd must be given together (the forward returns both), got only "
+                         f"{'q_rstd' if k_rstd is None else 'k_rstd'}")
+    if not use_qk_l2norm_in_kernel:
+        raise ValueError(f"{op}: q_rstd/k_rstd are the in-kernel l2norm's; they were given with "
+                         "use_qk_l2norm_in_kernel=False")
+    for name, r, x in (("q_rstd", q_rstd, q), ("k_rstd", k_rstd, k)):
+        check_tensor(op, name, r, dtypes=(torch.float32,), shape=tuple(x.shape[:-1]),
+                     shape_desc=f"{name[0]}.shape[:-1]", device=x.device)
+
+
 def host_cu(op: str, q, cu_seqlens, cu_seqlens_cpu=None) -> Optional[list]:
     """Host copy of the offsets, validated (SPEC 0.3).
 

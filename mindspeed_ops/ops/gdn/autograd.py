@@ -3,7 +3,9 @@ the family pattern of ``ops/activation/autograd.py``: a forward op and a ``_bwd`
 functions, backends chosen per device, and the eager fast path of ``common.eager_autograd``.
 
 The forward op also returns ``G`` (chunk-local gate cumsum) and ``Ainv`` so the backward does not
-recompute them (SPEC 1.10.10: saved tensors are the inputs, ``G``, ``Ainv`` and ``h0``).
+recompute them (SPEC 1.10.10: saved tensors are the inputs, ``G``, ``Ainv`` and ``h0``). With the in-kernel
+l2norm it returns the normalized ``q̂, k̂`` and their fp32 rstd as well, and those are saved in place of the
+raw q and k (the same memory, as fla saves them), so the backward does not normalize q and k again.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from ... import backends
 from ..common import call_op, contiguous_as, eager_autograd, empty_contiguous_like, reference_vjp
 from . import args as _args
 from . import chunk as _chunk
+from . import qk_norm as _qk_norm
 from . import reference as _ref
 
 OP = "chunk_gated_delta_rule"
@@ -36,14 +39,19 @@ def _reference_forward(q, k, v, g, beta, scale, initial_state, output_final_stat
                                                cu_seqlens, chunk_size)
     # G / Ainv as the Triton backend returns them (same op outputs on every backend)
     G = None if g is None else _ref.chunk_local_cumsum_ref(g, chunk_size, cu_seqlens=cu_seqlens)
-    kn = _ref._l2norm(k.float()).to(k.dtype) if use_l2 else k
-    A = _ref.chunk_scaled_dot_kkt_ref(kn, G, beta, cu_seqlens, chunk_size)
-    return o, final, G, _ref.solve_tril_ref(A, cu_seqlens, output_dtype=k.dtype)
+    qk = _qk_norm.normalize_reference(q, k, _chunk.L2_EPS) if use_l2 else (None,) * 4
+    A = _ref.chunk_scaled_dot_kkt_ref(k if qk[1] is None else qk[1], G, beta, cu_seqlens, chunk_size)
+    return (o, final, G, _ref.solve_tril_ref(A, cu_seqlens, output_dtype=k.dtype), *qk)
 
 
 def _reference_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_l2, cu_seqlens, cu_host,
-                        chunk_size):
-    """Autograd of the chunked reference (``G``/``Ainv`` recomputed inside; reads ``cu_seqlens`` itself)."""
+                        chunk_size, q_rstd=None, k_rstd=None):
+    """Autograd of the chunked reference (``G``/``Ainv`` recomputed inside; reads ``cu_seqlens`` itself).
+    Given the forward's rstd, ``q``/``k`` are its ``q̂``/``k̂``: autograd without the l2norm, then its
+    closed-form backward (the exact chain rule: ``dx = rstd·(dŷ − ŷ·Σ dŷ·ŷ)``)."""
+    if use_l2 and q_rstd is not None:
+        return _qk_norm.through_norm(_reference_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale,
+                                                         False, cu_seqlens, cu_host, chunk_size), q, k, q_rstd, k_rstd)
     want_final = dht is not None
     empty = _ref.no_token_grads(q, k, v, g, beta, initial_state, dht, cu_seqlens)
     if empty is not None:  # nothing processed: autograd would record no graph
@@ -65,16 +73,19 @@ def chunk_gdr_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[
                  scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
                  use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int,
                  cu_seqlens_cpu: Optional[torch.Tensor] = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                            torch.Tensor, torch.Tensor]:
+    """Returns ``(o, final_state, G, Ainv, qn, kn, q_rstd, k_rstd)``; absent ones are empty tensors (the last four
+    unless ``use_qk_l2norm_in_kernel``: then ``qn, kn`` ``[B, T, H, K]`` in q's dtype, ``q_rstd, k_rstd``
+    ``[B, T, H]`` fp32, what ``chunk_gated_delta_rule_bwd`` takes in place of the raw q and k)."""
     _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size,
                      cu_seqlens_cpu=cu_seqlens_cpu)
     cu_host = _args.host_cu(OP, q, cu_seqlens, cu_seqlens_cpu)  # no read of cu_seqlens when the hint is given
     impl = backends.implementation(OP, q.device)
-    o, final, G, Ainv = impl.forward(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                     use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size)
+    outs = impl.forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                        cu_seqlens, cu_host, chunk_size)
     # contiguous like the fake (the reference backend follows the inputs' layout)
-    return (o.contiguous(), _empty(o) if final is None else final.contiguous(),
-            _empty(o) if G is None else G.contiguous(), _empty(o) if Ainv is None else Ainv.contiguous())
+    return tuple(_empty(outs[0]) if t is None else t.contiguous() for t in outs)
 
 
 @chunk_gdr_op.register_fake
@@ -89,7 +100,7 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_
     # the fake follows the Triton backend (the one torch.compile runs on GPU)
     G = q.new_empty(B, T, HV, dtype=torch.float32) if g is not None else q.new_empty(0)
     Ainv = q.new_empty(B, T, HV, chunk_size)
-    return o, final, G, Ainv
+    return o, final, G, Ainv, *_qk_norm.fake(q, use_qk_l2norm_in_kernel)
 
 
 @torch.library.custom_op("mindspeed_ops::chunk_gated_delta_rule_bwd", mutates_args=())
@@ -97,12 +108,18 @@ def chunk_gdr_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Ten
                      v: torch.Tensor, g: Optional[torch.Tensor], beta: torch.Tensor, G: torch.Tensor,
                      Ainv: torch.Tensor, initial_state: Optional[torch.Tensor], scale: float,
                      use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int,
-                     cu_seqlens_cpu: Optional[torch.Tensor] = None
+                     cu_seqlens_cpu: Optional[torch.Tensor] = None, q_rstd: Optional[torch.Tensor] = None,
+                     k_rstd: Optional[torch.Tensor] = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients ``(dq, dk, dv, dg, dbeta, dh0)`` (absent ones empty). With ``q_rstd``/``k_rstd`` (the forward op's,
+    ``use_qk_l2norm_in_kernel`` only), ``q``/``k`` are the forward op's normalized ``qn``/``kn``, not the raw
+    inputs; without them the raw q/k, normalized again here."""
+    _args.check_qk_rstd(OP, q, k, q_rstd, k_rstd, use_qk_l2norm_in_kernel)
     cu_host = _args.host_cu(OP, q, cu_seqlens, cu_seqlens_cpu)
     impl = backends.implementation(OP, q.device)
     dq, dk, dv, dg, dbeta, dh0 = impl.backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale,
-                                               use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size)
+                                               use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size,
+                                               q_rstd, k_rstd)
     # one fresh placeholder per absent gradient: a custom op's returns may not alias each other;
     # contiguous like the fake whatever the inputs' layout (see contiguous_as)
     return (contiguous_as(dq, q.dtype), contiguous_as(dk, k.dtype), contiguous_as(dv, v.dtype),
@@ -112,8 +129,9 @@ def chunk_gdr_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Ten
 
 @chunk_gdr_bwd_op.register_fake
 def _(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size,
-      cu_seqlens_cpu=None):
+      cu_seqlens_cpu=None, q_rstd=None, k_rstd=None):
     _args.check_cu_seqlens_cpu(OP, cu_seqlens, cu_seqlens_cpu)
+    _args.check_qk_rstd(OP, q, k, q_rstd, k_rstd, use_qk_l2norm_in_kernel)
     like = empty_contiguous_like
     return (like(q), like(k), like(v), q.new_empty(0) if g is None else like(g), like(beta),
             q.new_empty(0) if initial_state is None else like(initial_state))
@@ -122,22 +140,23 @@ def _(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_qk_l2norm_in
 def _setup(ctx, inputs, output):
     q, k, v, g, beta, scale, h0, output_final_state, use_l2, cu_seqlens, chunk_size = inputs[:11]
     cu_cpu = inputs[11] if len(inputs) > 11 else None  # eager callers may leave the defaulted hint out
-    _, _, G, Ainv = output
+    _, _, G, Ainv, *qk = output
     # outputs kept only for backward: not differentiable, and no zero gradient tensors filled for them
-    ctx.mark_non_differentiable(G, Ainv)
+    ctx.mark_non_differentiable(G, Ainv, *qk)
     ctx.set_materialize_grads(False)
     ctx.scale, ctx.use_l2, ctx.chunk_size, ctx.has_final = scale, use_l2, chunk_size, output_final_state
     ctx.has_g, ctx.has_h0 = g is not None, h0 is not None
-    ctx.save_for_backward(q, k, v, g, beta, G, Ainv, h0, cu_seqlens, cu_cpu)
+    q, k, q_rstd, k_rstd = _qk_norm.saved(q, k, qk, use_l2)  # the normalized q and k in place of the raw ones
+    ctx.save_for_backward(q, k, v, g, beta, G, Ainv, h0, cu_seqlens, cu_cpu, q_rstd, k_rstd)
 
 
-def _backward(ctx, do, dfinal, dG, dAinv):
-    q, k, v, g, beta, G, Ainv, h0, cu_seqlens, cu_cpu = ctx.saved_tensors
+def _backward(ctx, do, dfinal, dG, dAinv, *d_qk_norm):
+    q, k, v, g, beta, G, Ainv, h0, cu_seqlens, cu_cpu, q_rstd, k_rstd = ctx.saved_tensors
     dht = dfinal if ctx.has_final and dfinal is not None else None
     if do is None:
         do = torch.zeros(*q.shape[:2], *v.shape[2:], dtype=q.dtype, device=q.device)
     dq, dk, dv, dg, dbeta, dh0 = call_op(ctx, chunk_gdr_bwd_op, do, dht, q, k, v, g, beta, G, Ainv, h0, ctx.scale,
-                                         ctx.use_l2, cu_seqlens, ctx.chunk_size, cu_cpu)
+                                         ctx.use_l2, cu_seqlens, ctx.chunk_size, cu_cpu, q_rstd, k_rstd)
     return (dq, dk, dv, dg if ctx.has_g else None, dbeta, None, dh0 if ctx.has_h0 else None, None, None, None, None,
             None)
 
@@ -207,6 +226,6 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     cu_seqlens, cu_cpu = _args.cu_seqlens_hint(OP, cu_seqlens, _args.kwargs_policy(OP, kwargs))
     scale = _args.default_scale(OP, q, scale)
     chunk_size = _args.check_chunk_size(OP, chunk_size, _args.CHUNK_SIZES)  # before any cast: "64" is no int
-    o, final, _, _ = _chunk_gdr(q, k, v, g, beta, scale, initial_state, bool(output_final_state),
+    o, final, *_ = _chunk_gdr(q, k, v, g, beta, scale, initial_state, bool(output_final_state),
                                 bool(use_qk_l2norm_in_kernel), cu_seqlens, chunk_size, cu_cpu)
     return o, (final if output_final_state else None)

@@ -3,7 +3,9 @@
 Pipeline (SPEC 1.10.0 table): optional in-kernel l2norm of q/k -> ``G = chunk_local_cumsum(g)`` ->
 ``A = chunk_scaled_dot_kkt(k, G, beta)`` -> ``Ainv = solve_tril(A)`` -> ``w, u = recompute_w_u_fwd`` ->
 ``h, v_new, final_state = chunk_gated_delta_rule_fwd_h`` -> ``o = chunk_fwd_o``. The backward needs
-only the inputs, ``G`` and ``Ainv`` (``w, u, h, v_new`` are recomputed; ``Ainv`` is saved, not recomputed).
+only the inputs, ``G`` and ``Ainv`` (``w, u, h, v_new`` are recomputed; ``Ainv`` is saved, not recomputed);
+with the in-kernel l2norm, q and k as the forward normalized them (``q̂, k̂`` and their fp32 rstd, as fla
+saves them) instead of the raw q and k, so the backward does not normalize them again.
 The kkt and solve_tril steps run as one fused kernel by default (``FUSED_KKT_SOLVE``).
 """
 from __future__ import annotations
@@ -16,8 +18,8 @@ from ... import backends
 from ... import triton_utils as tu
 from .. import side_stream
 from ..common import unit_last_stride
-from ..norm.l2norm import rstd as _l2_rstd
 from . import bwd_dhu, bwd_dqkwg, bwd_dv, cumsum, fwd_h, fwd_o, kkt, kkt_solve, solve_tril, wy_fast
+from . import qk_norm
 from .common import device_tables, zero_tail_rows
 
 OP = "chunk_gated_delta_rule"
@@ -57,39 +59,44 @@ def _l2norm(x: torch.Tensor):
 
 def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool, use_qk_l2norm_in_kernel: bool,
             cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int):
-    """Returns ``(o, final_state or None, G or None, Ainv)``; arguments already validated.
+    """Returns ``(o, final_state or None, G or None, Ainv, qn, kn, q_rstd, k_rstd)``; arguments already
+    validated. With ``use_qk_l2norm_in_kernel``, ``qn, kn`` are q and k normalized in their dtype and ``q_rstd,
+    k_rstd`` their fp32 rstd ``[B, T, H]``, for the backward; else the four are None.
 
     Calls the stages' launchers directly with the validated host offsets: no stage re-validates
     ``cu_seqlens`` (each check would be a device->host copy, i.e. a synchronisation)."""
     BT = chunk_size
     cu, idx = device_tables(cu_host, BT, q.device)
     # the l2norm is folded in: raw q, k and their rstd go to the stages, so q̂ = rstd·q is never rounded
-    # to the input dtype (without decay, a rounded ‖k̂‖ != 1 compounds through the state)
-    rq = rk = None
+    # to the input dtype (without decay, a rounded ‖k̂‖ != 1 compounds through the state). The same launch
+    # also writes the rounded q̂, k̂ for the backward (which runs on them): two launches fewer there for one
+    # more write of q and k here.
+    qn = kn = rq = rk = None
     if use_qk_l2norm_in_kernel:
-        rq, rk = _l2_rstd(q, L2_EPS), _l2_rstd(k, L2_EPS)
+        qn, kn, rq, rk = qk_norm.normalize(q, k, L2_EPS)
     G = None if g is None else cumsum.forward(g, BT, False, None, cu_host, cu, torch.float32, idx)
     HV = v.shape[2]
     Ainv = _ainv(k, G, beta, HV, cu_host, cu, BT, idx, rk)
     w, u = wy_fast.forward(k, v, beta, Ainv, G, None, cu_host, cu, idx, rk=rk)
     h, v_new, final = fwd_h.forward(k, w, u, G, None, initial_state, output_final_state, BT, True, cu_host, rk=rk)
     o = fwd_o.forward(q, k, v_new, h, G, scale, cu_host, cu, BT, idx, rq=rq, rk=rk)
-    return o, final, G, Ainv
+    return o, final, G, Ainv, qn, kn, rq, rk
 
 
 def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, use_qk_l2norm_in_kernel: bool,
-             cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int):
+             cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int,
+             q_rstd: Optional[torch.Tensor] = None, k_rstd: Optional[torch.Tensor] = None):
     """Backward pipeline of SPEC 1.10.0 from the saved inputs, ``G`` and ``Ainv`` (``w, u, h, v_new``
     recomputed; the forward scan on a side stream, :mod:`..side_stream`). Returns ``(dq, dk, dv, dg or None,
     dbeta, dh0 or None)``: dg/dbeta/dh0 in fp32, dq/dk in fp32 (in q's/k's dtype with the in-kernel l2norm,
-    whose backward writes them)."""
+    whose backward writes them). With the in-kernel l2norm and ``q_rstd``/``k_rstd`` given (the forward's),
+    ``q``/``k`` are the forward's ``qn``/``kn``; without them the raw q/k, normalized here."""
     BT = chunk_size
     do = unit_last_stride(do)  # once (an expanded upstream gradient, e.g. of o.sum(), has last stride 0), not per stage
     cu, idx = device_tables(cu_host, BT, q.device)
     G = G if g is not None else None
     if use_qk_l2norm_in_kernel:
-        qn, q_rstd = _l2norm(q).forward(q, L2_EPS, None)
-        kn, k_rstd = _l2norm(k).forward(k, L2_EPS, None)
+        qn, kn, q_rstd, k_rstd = qk_norm.normalize(q, k, L2_EPS, q_rstd, k_rstd)
     else:
         qn, kn = q, k
     w, u = wy_fast.forward(kn, v, beta, Ainv, G, None, cu_host, cu, idx)

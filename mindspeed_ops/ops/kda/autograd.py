@@ -4,7 +4,8 @@ per device, and the eager fast path of ``common.eager_autograd``.
 
 The forward op also returns ``G`` (chunk-local per-channel gate cumsum), ``Akk`` and ``Aqk`` so the
 backward does not recompute them (saved: the inputs, ``G``, ``Akk``, ``Aqk``, ``h0``; ``w, u, h, v_new``
-are recomputed).
+are recomputed). With the in-kernel l2norm it also returns the normalized q, k and their fp32 rstd, saved in
+place of the raw q and k (:mod:`..gdn.qk_norm`).
 """
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import torch
 
 from ... import backends
 from ..common import call_op, contiguous_as, eager_autograd, empty_contiguous_like, reference_vjp
+from ..gdn import qk_norm as _qk_norm
 from ..gdn import reference as _gdn_ref
-from ..gdn.reference import _l2norm, chunk_local_cumsum_ref, solve_tril_ref
+from ..gdn.reference import chunk_local_cumsum_ref, solve_tril_ref
 from ..gdn.reference_wy import chunk_scaled_dot_kkt_fwd_ref
 from ..gdn.args import check_cu_seqlens_cpu as _check_cu_cpu
+from ..gdn.args import check_qk_rstd as _check_qk_rstd
 from ..gdn.args import cu_seqlens_hint as _cu_seqlens_hint
 from ..gdn.args import default_scale as _gdn_default_scale
 from ..gdn.args import host_cu as _host_cu
@@ -38,16 +41,22 @@ def _reference_forward(q, k, v, g, beta, scale, initial_state, output_final_stat
                                   chunk_size)
     # G / Akk / Aqk as the Triton backend returns them (same op outputs on every backend)
     G = chunk_local_cumsum_ref(g, chunk_size, cu_seqlens=cu_seqlens)
-    qn, kn = (_l2norm(x.float()).to(x.dtype) for x in (q, k)) if use_l2 else (q, k)
+    qk = _qk_norm.normalize_reference(q, k, _chunk.L2_EPS) if use_l2 else (None,) * 4
+    qn, kn = (q, k) if qk[0] is None else qk[:2]
     M = chunk_scaled_dot_kkt_fwd_ref(kn, gk=G, beta=beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
     Akk = solve_tril_ref(M, cu_seqlens, output_dtype=k.dtype)
     Aqk = _ref.kda_aqk_ref(qn, kn, G, scale, cu_seqlens, chunk_size, output_dtype=k.dtype)
-    return o, final, G, Akk, Aqk
+    return (o, final, G, Akk, Aqk, *qk)
 
 
 def _reference_backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale, use_l2, cu_seqlens, cu_host,
-                        chunk_size):
-    """Autograd of the chunked reference (``G``/``Akk``/``Aqk`` recomputed inside)."""
+                        chunk_size, q_rstd=None, k_rstd=None):
+    """Autograd of the chunked reference (``G``/``Akk``/``Aqk`` recomputed inside). Given the forward's rstd,
+    ``q``/``k`` are its ``q̂``/``k̂``: autograd without the l2norm, then through it (:func:`..gdn.qk_norm.through_norm`)."""
+    if use_l2 and q_rstd is not None:
+        return _qk_norm.through_norm(_reference_backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state,
+                                                         scale, False, cu_seqlens, cu_host, chunk_size),
+                                     q, k, q_rstd, k_rstd)
     want_final = dht is not None
     empty = _gdn_ref.no_token_grads(q, k, v, g, beta, initial_state, dht, cu_seqlens)
     if empty is not None:  # nothing processed: autograd would record no graph
@@ -60,9 +69,9 @@ def _reference_backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, s
 
 
 def _triton_backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale, use_l2, cu_seqlens, cu_host,
-                     chunk_size):
+                     chunk_size, q_rstd=None, k_rstd=None):
     return _chunk.backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale, use_l2, cu_seqlens, cu_host,
-                           chunk_size)
+                           chunk_size, q_rstd, k_rstd)
 
 
 backends.register(OP, "triton", forward=_chunk.forward, backward=_triton_backward)
@@ -74,15 +83,18 @@ def chunk_kda_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
                  scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
                  use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int,
                  cu_seqlens_cpu: Optional[torch.Tensor] = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                            torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns ``(o, final_state, G, Akk, Aqk, qn, kn, q_rstd, k_rstd)``; absent ones are empty tensors (the last
+    four unless ``use_qk_l2norm_in_kernel``: then ``qn, kn`` ``[B, T, H, K]`` in q's dtype, ``q_rstd, k_rstd``
+    ``[B, T, H]`` fp32, what ``chunk_kda_bwd`` takes in place of the raw q and k)."""
     _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size, cu_seqlens_cpu)
     cu_host = _host_cu(OP, q, cu_seqlens, cu_seqlens_cpu)  # no read of cu_seqlens when the hint is given
     impl = backends.implementation(OP, q.device)
-    o, final, G, Akk, Aqk = impl.forward(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                         use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size)
+    outs = impl.forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                        cu_seqlens, cu_host, chunk_size)
     # contiguous like the fake (the reference backend follows the inputs' layout)
-    return (o.contiguous(), (_empty(o) if final is None else final.contiguous()), G.contiguous(), Akk.contiguous(),
-            Aqk.contiguous())
+    return tuple(_empty(outs[0]) if t is None else t.contiguous() for t in outs)
 
 
 @chunk_kda_op.register_fake
@@ -94,7 +106,8 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_
     o = q.new_empty(B, T, HV, V)
     final = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else q.new_empty(0)
     G = q.new_empty(B, T, HV, K, dtype=torch.float32)
-    return o, final, G, k.new_empty(B, T, HV, chunk_size), k.new_empty(B, T, HV, chunk_size)
+    return (o, final, G, k.new_empty(B, T, HV, chunk_size), k.new_empty(B, T, HV, chunk_size),
+            *_qk_norm.fake(q, use_qk_l2norm_in_kernel))
 
 
 @torch.library.custom_op("mindspeed_ops::chunk_kda_bwd", mutates_args=())
@@ -102,12 +115,18 @@ def chunk_kda_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Ten
                      v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, G: torch.Tensor, Akk: torch.Tensor,
                      Aqk: torch.Tensor, initial_state: Optional[torch.Tensor], scale: float,
                      use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int,
-                     cu_seqlens_cpu: Optional[torch.Tensor] = None
+                     cu_seqlens_cpu: Optional[torch.Tensor] = None, q_rstd: Optional[torch.Tensor] = None,
+                     k_rstd: Optional[torch.Tensor] = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients ``(dq, dk, dv, dg, dbeta, dh0)`` (``dh0`` empty without ``initial_state``). With ``q_rstd``/``k_rstd``
+    (the forward op's, ``use_qk_l2norm_in_kernel`` only), ``q``/``k`` are the forward op's normalized ``qn``/``kn``,
+    not the raw inputs; without them the raw q/k, normalized again here."""
+    _check_qk_rstd(OP, q, k, q_rstd, k_rstd, use_qk_l2norm_in_kernel)
     cu_host = _host_cu(OP, q, cu_seqlens, cu_seqlens_cpu)
     impl = backends.implementation(OP, q.device)
     dq, dk, dv, dg, dbeta, dh0 = impl.backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale,
-                                               use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size)
+                                               use_qk_l2norm_in_kernel, cu_seqlens, cu_host, chunk_size,
+                                               q_rstd, k_rstd)
     # contiguous like the fake whatever the inputs' layout (see contiguous_as)
     return (contiguous_as(dq, q.dtype), contiguous_as(dk, k.dtype), contiguous_as(dv, v.dtype),
             contiguous_as(dg, g.dtype), contiguous_as(dbeta, beta.dtype),
@@ -116,8 +135,9 @@ def chunk_kda_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Ten
 
 @chunk_kda_bwd_op.register_fake
 def _(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size,
-      cu_seqlens_cpu=None):
+      cu_seqlens_cpu=None, q_rstd=None, k_rstd=None):
     _check_cu_cpu(OP, cu_seqlens, cu_seqlens_cpu)
+    _check_qk_rstd(OP, q, k, q_rstd, k_rstd, use_qk_l2norm_in_kernel)
     like = empty_contiguous_like
     return (like(q), like(k), like(v), like(g), like(beta),
             q.new_empty(0) if initial_state is None else like(initial_state))
@@ -126,22 +146,23 @@ def _(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale, use_qk_l2nor
 def _setup(ctx, inputs, output):
     q, k, v, g, beta, scale, h0, output_final_state, use_l2, cu_seqlens, chunk_size = inputs[:11]
     cu_cpu = inputs[11] if len(inputs) > 11 else None  # eager callers may leave the defaulted hint out
-    _, _, G, Akk, Aqk = output
+    _, _, G, Akk, Aqk, *qk = output
     # outputs kept only for backward: not differentiable, and no zero gradient tensors filled for them
-    ctx.mark_non_differentiable(G, Akk, Aqk)
+    ctx.mark_non_differentiable(G, Akk, Aqk, *qk)
     ctx.set_materialize_grads(False)
     ctx.scale, ctx.use_l2, ctx.chunk_size, ctx.has_final = scale, use_l2, chunk_size, output_final_state
     ctx.has_h0 = h0 is not None
-    ctx.save_for_backward(q, k, v, g, beta, G, Akk, Aqk, h0, cu_seqlens, cu_cpu)
+    q, k, q_rstd, k_rstd = _qk_norm.saved(q, k, qk, use_l2)  # the normalized q and k in place of the raw ones
+    ctx.save_for_backward(q, k, v, g, beta, G, Akk, Aqk, h0, cu_seqlens, cu_cpu, q_rstd, k_rstd)
 
 
-def _backward(ctx, do, dfinal, dG, dAkk, dAqk):
-    q, k, v, g, beta, G, Akk, Aqk, h0, cu_seqlens, cu_cpu = ctx.saved_tensors
+def _backward(ctx, do, dfinal, dG, dAkk, dAqk, *d_qk_norm):
+    q, k, v, g, beta, G, Akk, Aqk, h0, cu_seqlens, cu_cpu, q_rstd, k_rstd = ctx.saved_tensors
     dht = dfinal if ctx.has_final and dfinal is not None else None
     if do is None:
         do = torch.zeros(*q.shape[:2], *v.shape[2:], dtype=q.dtype, device=q.device)
     dq, dk, dv, dg, dbeta, dh0 = call_op(ctx, chunk_kda_bwd_op, do, dht, q, k, v, g, beta, G, Akk, Aqk, h0,
-                                         ctx.scale, ctx.use_l2, cu_seqlens, ctx.chunk_size, cu_cpu)
+                                         ctx.scale, ctx.use_l2, cu_seqlens, ctx.chunk_size, cu_cpu, q_rstd, k_rstd)
     return (dq, dk, dv, dg, dbeta, None, dh0 if ctx.has_h0 else None, None, None, None, None, None)
 
 
@@ -213,6 +234,6 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[tor
     chunk_size = _args.check_chunk_size(OP, chunk_size)  # before any cast: "64" is no int
     if g is None and isinstance(v, torch.Tensor) and v.dim() == 4 and q.dim() == 4:
         g = torch.zeros(*v.shape[:3], K, dtype=torch.float32, device=v.device)
-    o, final, _, _, _ = _chunk_kda(q, k, v, g, beta, scale, initial_state, bool(output_final_state),
+    o, final, *_ = _chunk_kda(q, k, v, g, beta, scale, initial_state, bool(output_final_state),
                                    bool(use_qk_l2norm_in_kernel), cu_seqlens, chunk_size, cu_cpu)
     return o, (final if output_final_state else None)

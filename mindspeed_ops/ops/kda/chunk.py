@@ -3,7 +3,8 @@
 Forward: optional l2norm of q/k -> ``G = chunk_local_cumsum(g)`` (GDN) -> ``chunk_kda_fwd_intra``
 (``Aqk``, ``M`` and ``kg = k ⊙ e^{Γ−G}`` by the KDA kernel, ``Akk`` by GDN's ``solve_tril``, ``w, u`` by
 GDN's ``recompute_w_u_fwd`` with ``gk``) -> ``h, v_new, final_state`` by GDN's state scan with ``gk`` on
-``kg`` -> ``o`` by the KDA output stage. Saved for the backward: the inputs, ``G``, ``Akk``, ``Aqk``.
+``kg`` -> ``o`` by the KDA output stage. Saved for the backward: the inputs, ``G``, ``Akk``, ``Aqk``; with the
+in-kernel l2norm, q and k as the forward normalized them, with their rstd (:mod:`..gdn.qk_norm`).
 
 Backward: ``w, u``, ``qg = q ⊙ e^G``, ``kg``, ``h, v_new`` recomputed -> ``dAqk, dv_local`` (KDA) ->
 ``dh, dh0, dv2`` by GDN's reverse state scan with ``gk`` on ``qg, kg`` (it reads neither ``h, v_new`` nor
@@ -24,12 +25,12 @@ import torch
 from ... import backends
 from .. import side_stream
 from ..common import unit_last_stride
-from ..norm.l2norm import rstd as _l2_rstd
 from ..gdn.bwd_dhu import forward as _dhu_forward
 from ..gdn.common import device_tables, fold_value_heads, zero_tail_rows
 from ..gdn.cumsum import forward as _cumsum_forward
 from ..gdn.fwd_h import forward as _fwd_h_forward
 from ..gdn.fwd_h import outputs as _fwd_h_outputs
+from ..gdn import qk_norm
 from ..gdn.wy_fast import forward as _wy_forward
 from . import bwd as _bwd
 from . import fwd_o as _fwd_o
@@ -39,20 +40,18 @@ OP = "chunk_kda"
 L2_EPS = 1e-6
 
 
-def _l2norm(x: torch.Tensor):
-    return backends.implementation("l2norm", x.device).forward(x, L2_EPS, None)
-
-
 def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool, use_qk_l2norm_in_kernel: bool,
             cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int):
-    """Returns ``(o, final_state or None, G, Akk, Aqk)``; arguments already validated."""
+    """Returns ``(o, final_state or None, G, Akk, Aqk, qn, kn, q_rstd, k_rstd)``; arguments already validated. The
+    last four (for the backward, :mod:`..gdn.qk_norm`) are None without ``use_qk_l2norm_in_kernel``."""
     BT = chunk_size
     cu, idx = device_tables(cu_host, BT, q.device)
     # the l2norm is folded in: raw q, k and their rstd go to the stages, so q̂ = rstd·q is never rounded
-    # to the input dtype (without decay, a rounded ‖k̂‖ != 1 compounds through the state)
-    rq = rk = None
+    # to the input dtype (without decay, a rounded ‖k̂‖ != 1 compounds through the state); the same launches
+    # write the rounded q̂, k̂ the backward runs on
+    qn = kn = rq = rk = None
     if use_qk_l2norm_in_kernel:
-        rq, rk = _l2_rstd(q, L2_EPS), _l2_rstd(k, L2_EPS)
+        qn, kn, rq, rk = qk_norm.normalize(q, k, L2_EPS)
     G = _cumsum_forward(g, BT, False, None, cu_host, cu, torch.float32, idx)
     w, u, _, kg, Aqk, Akk = _intra.forward(q, k, v, G, beta, scale, cu_host, cu, BT, idx, output_qg=False,
                                            output_kg=True, rq=rq, rk=rk)
@@ -61,20 +60,21 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
                                      k_gated=True)
     del kg
     o = _fwd_o.forward(q, v_new, h, G, Aqk, scale, cu_host, cu, BT, idx, rq=rq)
-    return o, final, G, Akk, Aqk
+    return o, final, G, Akk, Aqk, qn, kn, rq, rk
 
 
 def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, use_qk_l2norm_in_kernel: bool,
-             cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int):
+             cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int,
+             q_rstd: Optional[torch.Tensor] = None, k_rstd: Optional[torch.Tensor] = None):
     """Returns ``(dq, dk [B,T,H,K] (fp32; in q's/k's dtype with the in-kernel l2norm), dv, dg [B,T,HV,K] fp32,
-    dbeta fp32, dh0 fp32 or None)``."""
+    dbeta fp32, dh0 fp32 or None)``. With the in-kernel l2norm and ``q_rstd``/``k_rstd`` given (the forward's),
+    ``q``/``k`` are the forward's ``qn``/``kn``; without them the raw q/k, normalized here."""
     BT = chunk_size
     H = q.shape[2]
     do = unit_last_stride(do)  # once (an expanded upstream gradient has last stride 0), not in every stage
     cu, idx = device_tables(cu_host, BT, q.device)
     if use_qk_l2norm_in_kernel:
-        qn, rq = _l2norm(q)
-        kn, rk = _l2norm(k)
+        qn, kn, rq, rk = qk_norm.normalize(q, k, L2_EPS, q_rstd, k_rstd)
     else:
         qn, kn = q, k
     w, u = _wy_forward(kn, v, beta, Akk, None, G, cu_host, cu, idx)

@@ -86,11 +86,14 @@ def _cases(layout):
     # and tail tokens after the last sequence
     cu_h = torch.tensor([0, 7, 7, 17], dtype=torch.int32, device=DEVICE)
     cu_cpu = torch.tensor([0, 7, 7, 17])
-    o, fs, G, Ainv = ops.chunk_gated_delta_rule(q, k, v, g, beta, 0.25, h0, True, True, None, 16)
-    go, gfs, gG, gAinv = ops.chunk_gated_delta_rule(q, k, v, g, beta, 0.25, h03, True, True, cu_h, 16, cu_cpu)
-    ko, kfs, kG, Akk, Aqk = ops.chunk_kda(q, k, v, gk, beta, 0.25, h0, True, True, None, 32)
-    vo, vfs, vG, vAkk, vAqk = ops.chunk_kda(q, k, v, gk, beta, 0.25, h03, True, True, cu, 32)
-    ho, hfs, hG, hAkk, hAqk = ops.chunk_kda(q, k, v, gk, beta, 0.25, h03, True, True, cu_h, 32, cu_cpu)
+    o, fs, G, Ainv, *_ = ops.chunk_gated_delta_rule(q, k, v, g, beta, 0.25, h0, True, True, None, 16)
+    # the hint case's backward takes the forward's normalized q/k and their rstd (what autograd passes it)
+    go, gfs, gG, gAinv, gqn, gkn, grq, grk = ops.chunk_gated_delta_rule(q, k, v, g, beta, 0.25, h03, True, True,
+                                                                        cu_h, 16, cu_cpu)
+    ko, kfs, kG, Akk, Aqk, *_ = ops.chunk_kda(q, k, v, gk, beta, 0.25, h0, True, True, None, 32)
+    vo, vfs, vG, vAkk, vAqk, *_ = ops.chunk_kda(q, k, v, gk, beta, 0.25, h03, True, True, cu, 32)
+    ho, hfs, hG, hAkk, hAqk, hqn, hkn, hrq, hrk = ops.chunk_kda(q, k, v, gk, beta, 0.25, h03, True, True, cu_h, 32,
+                                                                 cu_cpu)
     x6 = r(6, 40, seed=10)
     raw = {
         "clipped_swiglu": (ops.clipped_swiglu, (*_leaf(r(6, 48, seed=11) * 4), 1.702, 7.0, False)),
@@ -147,8 +150,8 @@ def _cases(layout):
         "chunk_gated_delta_rule_hint": (ops.chunk_gated_delta_rule, (*_leaf(q, k, v, g, beta), 0.25, *_leaf(h03),
                                                                      True, True, cu_h, 16, cu_cpu)),
         "chunk_gated_delta_rule_bwd_hint": (ops.chunk_gated_delta_rule_bwd,
-                                            (r(*go.shape, seed=89), r(*gfs.shape, seed=90), q, k, v, g, beta, gG,
-                                             gAinv, h03, 0.25, True, cu_h, 16, cu_cpu)),
+                                            (r(*go.shape, seed=89), r(*gfs.shape, seed=90), gqn, gkn, v, g, beta,
+                                             gG, gAinv, h03, 0.25, True, cu_h, 16, cu_cpu, grq, grk)),
         "chunk_kda": (ops.chunk_kda, (*_leaf(q, k, v, gk, beta), 0.25, *_leaf(h0), True, True, None, 32)),
         "chunk_kda_hint": (ops.chunk_kda, (*_leaf(q, k, v, gk, beta), 0.25, *_leaf(h03), True, True, cu_h, 32,
                                            cu_cpu)),
@@ -156,8 +159,8 @@ def _cases(layout):
                                               Akk, Aqk, h0, 0.25, True, None, 32)),
         "chunk_kda_bwd_varlen": (ops.chunk_kda_bwd, (r(*vo.shape, seed=87), r(*vfs.shape, seed=88), q, k, v, gk, beta,
                                                      vG, vAkk, vAqk, h03, 0.25, True, cu, 32)),
-        "chunk_kda_bwd_hint": (ops.chunk_kda_bwd, (r(*ho.shape, seed=91), r(*hfs.shape, seed=92), q, k, v, gk, beta,
-                                                   hG, hAkk, hAqk, h03, 0.25, True, cu_h, 32, cu_cpu)),
+        "chunk_kda_bwd_hint": (ops.chunk_kda_bwd, (r(*ho.shape, seed=91), r(*hfs.shape, seed=92), hqn, hkn, v, gk,
+                                                   beta, hG, hAkk, hAqk, h03, 0.25, True, cu_h, 32, cu_cpu, hrq, hrk)),
         "fused_recurrent_gated_delta_rule": (ops.fused_recurrent_gated_delta_rule,
                                              (q, k, v, g, beta, 0.25, h03, True, True, cu, None)),
         "fused_recurrent_gated_delta_rule_hint": (ops.fused_recurrent_gated_delta_rule,

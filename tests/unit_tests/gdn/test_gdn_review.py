@@ -57,7 +57,7 @@ def test_bwd_op_without_g_and_h0_returns_distinct_tensors():
     no initial_state)."""
     q, k, v, _, beta, _ = _inputs(T=20)
     do = torch.randn_like(v)
-    o, _, G, Ainv = torch.ops.mindspeed_ops.chunk_gated_delta_rule(q, k, v, None, beta, 0.25, None, False, False,
+    o, _, G, Ainv, *_ = torch.ops.mindspeed_ops.chunk_gated_delta_rule(q, k, v, None, beta, 0.25, None, False, False,
                                                                    None, 16)
     outs = torch.ops.mindspeed_ops.chunk_gated_delta_rule_bwd(do, None, q, k, v, None, beta, G, Ainv, None, 0.25,
                                                               False, None, 16)
