@@ -173,4 +173,3 @@ def zero_tail_rows(cu_host: Optional[list], *grads: torch.Tensor) -> None:
     if cu_host is not None and cu_host[-1] < grads[0].shape[1]:
         for t in grads:
             t[:, cu_host[-1]:] = 0
-
