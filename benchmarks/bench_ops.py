@@ -295,6 +295,14 @@ _LA_LENS = [3000, 1000, 2500, 1500, 4000, 500, 2884, 1000]
 LA_PEERS = {"mode": "fwd+bwd", "points": None, "off": []}
 
 
+def _no_grad(fn):
+    """``fn`` under ``torch.no_grad()``: the inference forward (the GDN/KDA ops then write no q̂/k̂ for a backward)."""
+    def call():
+        with torch.no_grad():
+            return fn()
+    return call
+
+
 def _switched_off(fn, switch: str):
     """``fn`` with the ``mindspeed_ops.ops.<switch>`` module's ``ENABLED`` off for the call (``--off-too``'s A/B
     row; ``side_stream``: the GDN/KDA backward's side stream)."""
@@ -333,6 +341,8 @@ def _la_group(op: str, ours_fn, peer, per_channel: bool, shapes, copy_gbs: float
             def fwd(fn=fn, kw=kw):
                 return fn(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **kw)[0]
             impls[label] = (fwd, _grad(lambda fwd=fwd: fwd().float().sum(), ins) if bwd else None)
+            if label == "ours":  # the forward of a training step (above) and of inference
+                impls["ours, no grad"] = (_no_grad(fwd), None)
             for switch in LA_PEERS["off"] if label == "ours" else ():
                 impls[f"ours, {switch} off"] = tuple(None if f is None else _switched_off(f, switch)
                                                      for f in impls[label])

@@ -34,14 +34,15 @@ def _aux_shapes(q, v, g, chunk_size):
 
 
 def _reference_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, cu_seqlens, cu_host,
-                       chunk_size):
+                       chunk_size, return_qk_norm=True):
     o, final = _ref.chunk_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2,
                                                cu_seqlens, chunk_size)
     # G / Ainv as the Triton backend returns them (same op outputs on every backend)
     G = None if g is None else _ref.chunk_local_cumsum_ref(g, chunk_size, cu_seqlens=cu_seqlens)
     qk = _qk_norm.normalize_reference(q, k, _chunk.L2_EPS) if use_l2 else (None,) * 4
     A = _ref.chunk_scaled_dot_kkt_ref(k if qk[1] is None else qk[1], G, beta, cu_seqlens, chunk_size)
-    return (o, final, G, _ref.solve_tril_ref(A, cu_seqlens, output_dtype=k.dtype), *qk)
+    return (o, final, G, _ref.solve_tril_ref(A, cu_seqlens, output_dtype=k.dtype),
+            *(qk if return_qk_norm else (None,) * 4))
 
 
 def _reference_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_l2, cu_seqlens, cu_host,
@@ -72,25 +73,26 @@ backends.register(OP, "reference", forward=_reference_forward, backward=_referen
 def chunk_gdr_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], beta: torch.Tensor,
                  scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
                  use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int,
-                 cu_seqlens_cpu: Optional[torch.Tensor] = None
+                 cu_seqlens_cpu: Optional[torch.Tensor] = None, return_qk_norm: bool = True
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                             torch.Tensor, torch.Tensor]:
     """Returns ``(o, final_state, G, Ainv, qn, kn, q_rstd, k_rstd)``; absent ones are empty tensors (the last four
-    unless ``use_qk_l2norm_in_kernel``: then ``qn, kn`` ``[B, T, H, K]`` in q's dtype, ``q_rstd, k_rstd``
-    ``[B, T, H]`` fp32, what ``chunk_gated_delta_rule_bwd`` takes in place of the raw q and k)."""
+    unless ``use_qk_l2norm_in_kernel`` and ``return_qk_norm``: then ``qn, kn`` ``[B, T, H, K]`` in q's dtype,
+    ``q_rstd, k_rstd`` ``[B, T, H]`` fp32, what ``chunk_gated_delta_rule_bwd`` takes in place of the raw q and k;
+    ``return_qk_norm=False`` spares a forward-only call their write)."""
     _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size,
                      cu_seqlens_cpu=cu_seqlens_cpu)
     cu_host = _args.host_cu(OP, q, cu_seqlens, cu_seqlens_cpu)  # no read of cu_seqlens when the hint is given
     impl = backends.implementation(OP, q.device)
     outs = impl.forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                        cu_seqlens, cu_host, chunk_size)
+                        cu_seqlens, cu_host, chunk_size, return_qk_norm)
     # contiguous like the fake (the reference backend follows the inputs' layout)
     return tuple(_empty(outs[0]) if t is None else t.contiguous() for t in outs)
 
 
 @chunk_gdr_op.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size,
-      cu_seqlens_cpu=None):
+      cu_seqlens_cpu=None, return_qk_norm=True):
     N, HV = _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size,
                              cu_seqlens_cpu=cu_seqlens_cpu)
     B, T, _, K = q.shape
@@ -100,7 +102,7 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_
     # the fake follows the Triton backend (the one torch.compile runs on GPU)
     G = q.new_empty(B, T, HV, dtype=torch.float32) if g is not None else q.new_empty(0)
     Ainv = q.new_empty(B, T, HV, chunk_size)
-    return o, final, G, Ainv, *_qk_norm.fake(q, use_qk_l2norm_in_kernel)
+    return o, final, G, Ainv, *_qk_norm.fake(q, _qk_norm.wanted(use_qk_l2norm_in_kernel, return_qk_norm))
 
 
 @torch.library.custom_op("mindspeed_ops::chunk_gated_delta_rule_bwd", mutates_args=())
@@ -140,13 +142,14 @@ def _(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_qk_l2norm_in
 def _setup(ctx, inputs, output):
     q, k, v, g, beta, scale, h0, output_final_state, use_l2, cu_seqlens, chunk_size = inputs[:11]
     cu_cpu = inputs[11] if len(inputs) > 11 else None  # eager callers may leave the defaulted hint out
+    want_qk = _qk_norm.wanted(use_l2, inputs[12] if len(inputs) > 12 else True)
     _, _, G, Ainv, *qk = output
     # outputs kept only for backward: not differentiable, and no zero gradient tensors filled for them
     ctx.mark_non_differentiable(G, Ainv, *qk)
     ctx.set_materialize_grads(False)
     ctx.scale, ctx.use_l2, ctx.chunk_size, ctx.has_final = scale, use_l2, chunk_size, output_final_state
     ctx.has_g, ctx.has_h0 = g is not None, h0 is not None
-    q, k, q_rstd, k_rstd = _qk_norm.saved(q, k, qk, use_l2)  # the normalized q and k in place of the raw ones
+    q, k, q_rstd, k_rstd = _qk_norm.saved(q, k, qk, want_qk)  # the normalized q and k in place of the raw ones
     ctx.save_for_backward(q, k, v, g, beta, G, Ainv, h0, cu_seqlens, cu_cpu, q_rstd, k_rstd)
 
 
@@ -158,7 +161,7 @@ def _backward(ctx, do, dfinal, dG, dAinv, *d_qk_norm):
     dq, dk, dv, dg, dbeta, dh0 = call_op(ctx, chunk_gdr_bwd_op, do, dht, q, k, v, g, beta, G, Ainv, h0, ctx.scale,
                                          ctx.use_l2, cu_seqlens, ctx.chunk_size, cu_cpu, q_rstd, k_rstd)
     return (dq, dk, dv, dg if ctx.has_g else None, dbeta, None, dh0 if ctx.has_h0 else None, None, None, None, None,
-            None)
+            None, None)
 
 
 chunk_gdr_op.register_autograd(_backward, setup_context=_setup)
@@ -227,5 +230,6 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     scale = _args.default_scale(OP, q, scale)
     chunk_size = _args.check_chunk_size(OP, chunk_size, _args.CHUNK_SIZES)  # before any cast: "64" is no int
     o, final, *_ = _chunk_gdr(q, k, v, g, beta, scale, initial_state, bool(output_final_state),
-                                bool(use_qk_l2norm_in_kernel), cu_seqlens, chunk_size, cu_cpu)
+                              bool(use_qk_l2norm_in_kernel), cu_seqlens, chunk_size, cu_cpu,
+                              _qk_norm.grad_needed(q, k, v, g, beta, initial_state))
     return o, (final if output_final_state else None)

@@ -58,10 +58,10 @@ def _l2norm(x: torch.Tensor):
 
 
 def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool, use_qk_l2norm_in_kernel: bool,
-            cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int):
+            cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int, return_qk_norm: bool = True):
     """Returns ``(o, final_state or None, G or None, Ainv, qn, kn, q_rstd, k_rstd)``; arguments already
-    validated. With ``use_qk_l2norm_in_kernel``, ``qn, kn`` are q and k normalized in their dtype and ``q_rstd,
-    k_rstd`` their fp32 rstd ``[B, T, H]``, for the backward; else the four are None.
+    validated. With ``use_qk_l2norm_in_kernel`` and ``return_qk_norm``, ``qn, kn`` are q and k normalized in their
+    dtype and ``q_rstd, k_rstd`` their fp32 rstd ``[B, T, H]``, for the backward; else the four are None.
 
     Calls the stages' launchers directly with the validated host offsets: no stage re-validates
     ``cu_seqlens`` (each check would be a device->host copy, i.e. a synchronisation)."""
@@ -73,14 +73,14 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
     # more write of q and k here.
     qn = kn = rq = rk = None
     if use_qk_l2norm_in_kernel:
-        qn, kn, rq, rk = qk_norm.normalize(q, k, L2_EPS)
+        qn, kn, rq, rk = qk_norm.normalize(q, k, L2_EPS, write=return_qk_norm)
     G = None if g is None else cumsum.forward(g, BT, False, None, cu_host, cu, torch.float32, idx)
     HV = v.shape[2]
     Ainv = _ainv(k, G, beta, HV, cu_host, cu, BT, idx, rk)
     w, u = wy_fast.forward(k, v, beta, Ainv, G, None, cu_host, cu, idx, rk=rk)
     h, v_new, final = fwd_h.forward(k, w, u, G, None, initial_state, output_final_state, BT, True, cu_host, rk=rk)
     o = fwd_o.forward(q, k, v_new, h, G, scale, cu_host, cu, BT, idx, rq=rq, rk=rk)
-    return o, final, G, Ainv, qn, kn, rq, rk
+    return o, final, G, Ainv, qn, kn, *((rq, rk) if qn is not None else (None, None))  # no rstd without q̂, k̂
 
 
 def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, use_qk_l2norm_in_kernel: bool,

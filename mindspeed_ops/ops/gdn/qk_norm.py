@@ -14,38 +14,58 @@ import torch
 
 from ... import backends
 from ..norm import reference as _norm_ref
+from ..norm.l2norm import rstd as _l2_rstd
 
 
 def normalize(q: torch.Tensor, k: torch.Tensor, eps: float, q_rstd: Optional[torch.Tensor] = None,
-              k_rstd: Optional[torch.Tensor] = None) -> tuple:
+              k_rstd: Optional[torch.Tensor] = None, write: bool = True) -> tuple:
     """``(q̂, k̂, q_rstd, k_rstd)`` by the l2norm kernels of q's device (one launch each). Given ``q_rstd``/``k_rstd``
-    (the forward's, saved), ``q``/``k`` are already the forward's ``q̂``/``k̂``: returned as they are."""
+    (the forward's, saved), ``q``/``k`` are already the forward's ``q̂``/``k̂``: returned as they are.
+    ``write=False`` (a forward whose outputs no backward will use): ``(None, None, q_rstd, k_rstd)``, the
+    normalized rows never written (the Triton launch reads q and k only)."""
     if q_rstd is not None:
         return q, k, q_rstd.contiguous(), k_rstd.contiguous()  # per-token reads in the kernels: unit stride
+    if not write:
+        return None, None, _l2_rstd(q, eps), _l2_rstd(k, eps)
     l2 = backends.implementation("l2norm", q.device)
     (qn, q_rstd), (kn, k_rstd) = l2.forward(q, eps, None), l2.forward(k, eps, None)
     return qn, kn, q_rstd, k_rstd
 
 
-def normalize_reference(q: torch.Tensor, k: torch.Tensor, eps: float) -> tuple:
-    """:func:`normalize` by the pure-PyTorch l2norm (the reference backends' forward)."""
+def normalize_reference(q: torch.Tensor, k: torch.Tensor, eps: float, write: bool = True) -> tuple:
+    """:func:`normalize` by the pure-PyTorch l2norm (the reference backends' forward); ``write=False``: four Nones
+    (the reference stages normalize for themselves)."""
+    if not write:
+        return (None,) * 4
     (qn, q_rstd), (kn, k_rstd) = _norm_ref.l2norm_fwd(q, eps), _norm_ref.l2norm_fwd(k, eps)
     return qn, kn, q_rstd, k_rstd
 
 
-def fake(q: torch.Tensor, use_l2: bool) -> tuple:
-    """The fake functions' ``(qn, kn, q_rstd, k_rstd)``: empty tensors without the in-kernel l2norm."""
-    if not use_l2:
+def wanted(use_l2: bool, return_qk_norm: bool) -> bool:
+    """Whether the forward op returns (and autograd saves) ``q̂, k̂`` and the rstd."""
+    return bool(use_l2 and return_qk_norm)
+
+
+def grad_needed(*tensors: Optional[torch.Tensor]) -> bool:
+    """What the ops' public functions pass as ``return_qk_norm``: autograd will record the call (grad mode on and
+    an input that requires grad), so a backward may run on the saved ``q̂, k̂``; a forward-only call does not
+    write them (one write of q and k less)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def fake(q: torch.Tensor, want: bool) -> tuple:
+    """The fake functions' ``(qn, kn, q_rstd, k_rstd)``: empty tensors unless ``want`` (:func:`wanted`)."""
+    if not want:
         return tuple(q.new_empty(0) for _ in range(4))
     r = q.shape[:-1]
     return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(r, dtype=torch.float32), \
         q.new_empty(r, dtype=torch.float32)
 
 
-def saved(q: torch.Tensor, k: torch.Tensor, outputs, use_l2: bool) -> tuple:
-    """What autograd saves of q and k: ``(q̂, k̂, q_rstd, k_rstd)`` from the forward op's ``outputs`` with the
-    in-kernel l2norm, else ``(q, k, None, None)``."""
-    return tuple(outputs) if use_l2 else (q, k, None, None)
+def saved(q: torch.Tensor, k: torch.Tensor, outputs, want: bool) -> tuple:
+    """What autograd saves of q and k: ``(q̂, k̂, q_rstd, k_rstd)`` from the forward op's ``outputs`` where it
+    returned them (``want``, :func:`wanted`), else ``(q, k, None, None)`` (the backward normalizes again)."""
+    return tuple(outputs) if want else (q, k, None, None)
 
 
 def through_norm(grads: tuple, q: torch.Tensor, k: torch.Tensor, q_rstd: torch.Tensor, k_rstd: torch.Tensor):

@@ -36,7 +36,7 @@ def _empty(like: torch.Tensor) -> torch.Tensor:
 
 
 def _reference_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, cu_seqlens, cu_host,
-                       chunk_size):
+                       chunk_size, return_qk_norm=True):
     o, final = _ref.chunk_kda_ref(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, cu_seqlens,
                                   chunk_size)
     # G / Akk / Aqk as the Triton backend returns them (same op outputs on every backend)
@@ -46,7 +46,7 @@ def _reference_forward(q, k, v, g, beta, scale, initial_state, output_final_stat
     M = chunk_scaled_dot_kkt_fwd_ref(kn, gk=G, beta=beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
     Akk = solve_tril_ref(M, cu_seqlens, output_dtype=k.dtype)
     Aqk = _ref.kda_aqk_ref(qn, kn, G, scale, cu_seqlens, chunk_size, output_dtype=k.dtype)
-    return (o, final, G, Akk, Aqk, *qk)
+    return (o, final, G, Akk, Aqk, *(qk if return_qk_norm else (None,) * 4))
 
 
 def _reference_backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale, use_l2, cu_seqlens, cu_host,
@@ -82,24 +82,25 @@ backends.register(OP, "reference", forward=_reference_forward, backward=_referen
 def chunk_kda_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                  scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
                  use_qk_l2norm_in_kernel: bool, cu_seqlens: Optional[torch.Tensor], chunk_size: int,
-                 cu_seqlens_cpu: Optional[torch.Tensor] = None
+                 cu_seqlens_cpu: Optional[torch.Tensor] = None, return_qk_norm: bool = True
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                             torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns ``(o, final_state, G, Akk, Aqk, qn, kn, q_rstd, k_rstd)``; absent ones are empty tensors (the last
-    four unless ``use_qk_l2norm_in_kernel``: then ``qn, kn`` ``[B, T, H, K]`` in q's dtype, ``q_rstd, k_rstd``
-    ``[B, T, H]`` fp32, what ``chunk_kda_bwd`` takes in place of the raw q and k)."""
+    four unless ``use_qk_l2norm_in_kernel`` and ``return_qk_norm``: then ``qn, kn`` ``[B, T, H, K]`` in q's dtype,
+    ``q_rstd, k_rstd`` ``[B, T, H]`` fp32, what ``chunk_kda_bwd`` takes in place of the raw q and k;
+    ``return_qk_norm=False`` spares a forward-only call their write)."""
     _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size, cu_seqlens_cpu)
     cu_host = _host_cu(OP, q, cu_seqlens, cu_seqlens_cpu)  # no read of cu_seqlens when the hint is given
     impl = backends.implementation(OP, q.device)
     outs = impl.forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                        cu_seqlens, cu_host, chunk_size)
+                        cu_seqlens, cu_host, chunk_size, return_qk_norm)
     # contiguous like the fake (the reference backend follows the inputs' layout)
     return tuple(_empty(outs[0]) if t is None else t.contiguous() for t in outs)
 
 
 @chunk_kda_op.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size,
-      cu_seqlens_cpu=None):
+      cu_seqlens_cpu=None, return_qk_norm=True):
     N, HV = _args.check_args(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size, cu_seqlens_cpu)
     B, T, _, K = q.shape
     V = v.shape[3]
@@ -107,7 +108,7 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_
     final = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else q.new_empty(0)
     G = q.new_empty(B, T, HV, K, dtype=torch.float32)
     return (o, final, G, k.new_empty(B, T, HV, chunk_size), k.new_empty(B, T, HV, chunk_size),
-            *_qk_norm.fake(q, use_qk_l2norm_in_kernel))
+            *_qk_norm.fake(q, _qk_norm.wanted(use_qk_l2norm_in_kernel, return_qk_norm)))
 
 
 @torch.library.custom_op("mindspeed_ops::chunk_kda_bwd", mutates_args=())
@@ -146,13 +147,14 @@ def _(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale, use_qk_l2nor
 def _setup(ctx, inputs, output):
     q, k, v, g, beta, scale, h0, output_final_state, use_l2, cu_seqlens, chunk_size = inputs[:11]
     cu_cpu = inputs[11] if len(inputs) > 11 else None  # eager callers may leave the defaulted hint out
+    want_qk = _qk_norm.wanted(use_l2, inputs[12] if len(inputs) > 12 else True)
     _, _, G, Akk, Aqk, *qk = output
     # outputs kept only for backward: not differentiable, and no zero gradient tensors filled for them
     ctx.mark_non_differentiable(G, Akk, Aqk, *qk)
     ctx.set_materialize_grads(False)
     ctx.scale, ctx.use_l2, ctx.chunk_size, ctx.has_final = scale, use_l2, chunk_size, output_final_state
     ctx.has_h0 = h0 is not None
-    q, k, q_rstd, k_rstd = _qk_norm.saved(q, k, qk, use_l2)  # the normalized q and k in place of the raw ones
+    q, k, q_rstd, k_rstd = _qk_norm.saved(q, k, qk, want_qk)  # the normalized q and k in place of the raw ones
     ctx.save_for_backward(q, k, v, g, beta, G, Akk, Aqk, h0, cu_seqlens, cu_cpu, q_rstd, k_rstd)
 
 
@@ -163,7 +165,7 @@ def _backward(ctx, do, dfinal, dG, dAkk, dAqk, *d_qk_norm):
         do = torch.zeros(*q.shape[:2], *v.shape[2:], dtype=q.dtype, device=q.device)
     dq, dk, dv, dg, dbeta, dh0 = call_op(ctx, chunk_kda_bwd_op, do, dht, q, k, v, g, beta, G, Akk, Aqk, h0,
                                          ctx.scale, ctx.use_l2, cu_seqlens, ctx.chunk_size, cu_cpu, q_rstd, k_rstd)
-    return (dq, dk, dv, dg, dbeta, None, dh0 if ctx.has_h0 else None, None, None, None, None, None)
+    return (dq, dk, dv, dg, dbeta, None, dh0 if ctx.has_h0 else None, None, None, None, None, None, None)
 
 
 chunk_kda_op.register_autograd(_backward, setup_context=_setup)
@@ -235,5 +237,6 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[tor
     if g is None and isinstance(v, torch.Tensor) and v.dim() == 4 and q.dim() == 4:
         g = torch.zeros(*v.shape[:3], K, dtype=torch.float32, device=v.device)
     o, final, *_ = _chunk_kda(q, k, v, g, beta, scale, initial_state, bool(output_final_state),
-                                   bool(use_qk_l2norm_in_kernel), cu_seqlens, chunk_size, cu_cpu)
+                              bool(use_qk_l2norm_in_kernel), cu_seqlens, chunk_size, cu_cpu,
+                              _qk_norm.grad_needed(q, k, v, g, beta, initial_state))
     return o, (final if output_final_state else None)

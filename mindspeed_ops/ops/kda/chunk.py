@@ -41,9 +41,10 @@ L2_EPS = 1e-6
 
 
 def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool, use_qk_l2norm_in_kernel: bool,
-            cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int):
+            cu_seqlens: Optional[torch.Tensor], cu_host: Optional[list], chunk_size: int, return_qk_norm: bool = True):
     """Returns ``(o, final_state or None, G, Akk, Aqk, qn, kn, q_rstd, k_rstd)``; arguments already validated. The
-    last four (for the backward, :mod:`..gdn.qk_norm`) are None without ``use_qk_l2norm_in_kernel``."""
+    last four (for the backward, :mod:`..gdn.qk_norm`) are None unless ``use_qk_l2norm_in_kernel`` and
+    ``return_qk_norm``."""
     BT = chunk_size
     cu, idx = device_tables(cu_host, BT, q.device)
     # the l2norm is folded in: raw q, k and their rstd go to the stages, so q̂ = rstd·q is never rounded
@@ -51,7 +52,7 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
     # write the rounded q̂, k̂ the backward runs on
     qn = kn = rq = rk = None
     if use_qk_l2norm_in_kernel:
-        qn, kn, rq, rk = qk_norm.normalize(q, k, L2_EPS)
+        qn, kn, rq, rk = qk_norm.normalize(q, k, L2_EPS, write=return_qk_norm)
     G = _cumsum_forward(g, BT, False, None, cu_host, cu, torch.float32, idx)
     w, u, _, kg, Aqk, Akk = _intra.forward(q, k, v, G, beta, scale, cu_host, cu, BT, idx, output_qg=False,
                                            output_kg=True, rq=rq, rk=rk)
@@ -60,7 +61,7 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
                                      k_gated=True)
     del kg
     o = _fwd_o.forward(q, v_new, h, G, Aqk, scale, cu_host, cu, BT, idx, rq=rq)
-    return o, final, G, Akk, Aqk, qn, kn, rq, rk
+    return o, final, G, Akk, Aqk, qn, kn, *((rq, rk) if qn is not None else (None, None))  # no rstd without q̂, k̂
 
 
 def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, use_qk_l2norm_in_kernel: bool,

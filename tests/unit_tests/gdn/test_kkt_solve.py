@@ -76,8 +76,9 @@ def _check(fused, unfused, oracle, dtype):
     """fp32: fused == unfused to rel-RMS 1e-6 with no absolute floor; 16-bit: TRIL (both rounded once from
     fp32 values that agree to fp32 rounding). Both against the float64 oracle: TRIL."""
     assert fused.dtype == unfused.dtype == dtype and fused.shape == unfused.shape
-    if DEVICE == "cpu":  # the interpreter sums A's products over the same key tiles in the same order
-        assert torch.equal(fused, unfused), "fused and unfused Ainv differ under the interpreter"
+    # not bitwise under the interpreter either: its dots are numpy's BLAS, whose summation order can depend on the
+    # operands' shapes (the fused and unfused kernels' tiles differ) and on the CPU (equal on the CI machines up to
+    # the twenty-sixth session, 15 cases 1 ulp apart on an AMD EPYC host in the twenty-seventh)
     if dtype == torch.float32:
         assert_close("Ainv fused vs unfused", unfused.double(), fused, 1e-6, err_atol=0.0)
     else:

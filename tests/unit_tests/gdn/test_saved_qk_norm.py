@@ -131,3 +131,40 @@ def test_bad_rstd_arguments_raise(kind):
     saved = outs[2:4] if kind == "gdn" else outs[2:5]
     with pytest.raises(ValueError, match="use_qk_l2norm_in_kernel=False"):
         bwd(do, dht, qn, kn, v, g, beta, *saved, h0, 0.25, False, None, bt, None, rq, rk)
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_forward_only_calls_do_not_write_the_normalized_qk(kind, monkeypatch):
+    """The public function asks for q̂/k̂ only where autograd records the call; the op with
+    ``return_qk_norm=False`` returns empty tensors there, the same o, and (under autograd all the same) saves the raw
+    q/k, whose backward normalizes again: the same gradients, bitwise."""
+    from mindspeed_ops.ops.gdn import qk_norm
+    writes = []
+    real = qk_norm.normalize
+
+    def spy(*a, **kw):
+        if len(a) < 4 or a[3] is None:  # a forward's call (no saved rstd given)
+            writes.append(kw.get("write", True))
+        return real(*a, **kw)
+    monkeypatch.setattr(qk_norm, "normalize", spy)
+    q, k, v, g, beta, h0, do, _ = _inputs(kind, 20, 1, 2, 16, 16, torch.float32)
+    f = api.chunk_gated_delta_rule if kind == "gdn" else api.chunk_kda
+    kw = dict(use_qk_l2norm_in_kernel=True, chunk_size=BT[kind])
+    o_nograd, _ = f(q, k, v, g, beta, **kw)
+    with torch.no_grad():
+        f(q, k, v, g, beta.requires_grad_(), **kw)
+    assert writes == [False, False]
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, beta)]
+    o, _ = f(leaves[0], leaves[1], leaves[2], g, leaves[3], **kw)
+    assert writes[-1] is True and torch.equal(o, o_nograd)
+    (o * do).sum().backward()
+    want = [t.grad for t in leaves]
+
+    fwd = ops.chunk_gated_delta_rule if kind == "gdn" else ops.chunk_kda
+    outs = fwd(q, k, v, g, beta, 0.25, None, False, True, None, BT[kind], None, False)
+    assert all(t.numel() == 0 for t in outs[-4:]) and torch.equal(outs[0], o_nograd)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, beta)]
+    o2 = fwd(leaves[0], leaves[1], leaves[2], g, leaves[3], 0.25, None, False, True, None, BT[kind], None, False)[0]
+    (o2 * do).sum().backward()
+    for name, a, b in zip(("dq", "dk", "dv", "dbeta"), (t.grad for t in leaves), want):
+        assert torch.equal(a, b), name
