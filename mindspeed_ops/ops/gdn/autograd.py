@@ -52,7 +52,8 @@ def _reference_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale
     closed-form backward (the exact chain rule: ``dx = rstd·(dŷ − ŷ·Σ dŷ·ŷ)``)."""
     if use_l2 and q_rstd is not None:
         return _qk_norm.through_norm(_reference_backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale,
-                                                         False, cu_seqlens, cu_host, chunk_size), q, k, q_rstd, k_rstd)
+                                                         False, cu_seqlens, cu_host, chunk_size),
+                                     q, k, q_rstd, k_rstd, cu_host)
     want_final = dht is not None
     empty = _ref.no_token_grads(q, k, v, g, beta, initial_state, dht, cu_seqlens)
     if empty is not None:  # nothing processed: autograd would record no graph
@@ -116,7 +117,7 @@ def chunk_gdr_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Ten
     """Gradients ``(dq, dk, dv, dg, dbeta, dh0)`` (absent ones empty). With ``q_rstd``/``k_rstd`` (the forward op's,
     ``use_qk_l2norm_in_kernel`` only), ``q``/``k`` are the forward op's normalized ``qn``/``kn``, not the raw
     inputs; without them the raw q/k, normalized again here."""
-    _args.check_qk_rstd(OP, q, k, q_rstd, k_rstd, use_qk_l2norm_in_kernel)
+    _args.check_qk_rstd(f"{OP}_bwd", q, k, q_rstd, k_rstd, use_qk_l2norm_in_kernel)
     cu_host = _args.host_cu(OP, q, cu_seqlens, cu_seqlens_cpu)
     impl = backends.implementation(OP, q.device)
     dq, dk, dv, dg, dbeta, dh0 = impl.backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale,
@@ -133,7 +134,7 @@ def chunk_gdr_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Ten
 def _(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size,
       cu_seqlens_cpu=None, q_rstd=None, k_rstd=None):
     _args.check_cu_seqlens_cpu(OP, cu_seqlens, cu_seqlens_cpu)
-    _args.check_qk_rstd(OP, q, k, q_rstd, k_rstd, use_qk_l2norm_in_kernel)
+    _args.check_qk_rstd(f"{OP}_bwd", q, k, q_rstd, k_rstd, use_qk_l2norm_in_kernel)
     like = empty_contiguous_like
     return (like(q), like(k), like(v), q.new_empty(0) if g is None else like(g), like(beta),
             q.new_empty(0) if initial_state is None else like(initial_state))
@@ -231,5 +232,5 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     chunk_size = _args.check_chunk_size(OP, chunk_size, _args.CHUNK_SIZES)  # before any cast: "64" is no int
     o, final, *_ = _chunk_gdr(q, k, v, g, beta, scale, initial_state, bool(output_final_state),
                               bool(use_qk_l2norm_in_kernel), cu_seqlens, chunk_size, cu_cpu,
-                              _qk_norm.grad_needed(q, k, v, g, beta, initial_state))
+                              _qk_norm.save_normalized(q, k, v, g, beta, initial_state))
     return o, (final if output_final_state else None)

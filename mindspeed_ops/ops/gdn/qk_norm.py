@@ -1,10 +1,13 @@
 """The in-kernel q/k l2norm of the GDN and KDA ops as their backward sees it (SPEC 1.10.10, 1.11.3).
 
 The forward op writes the normalized ``q̂ = q·rstd``, ``k̂`` (in the inputs' dtype) and their fp32 rstd
-besides its output, and autograd saves those in place of the raw q and k (the same memory; fla saves the
-same), so the backward runs on them instead of normalizing q and k again (two launches a step). The forward
-stages themselves still take the raw q, k and the rstd (q̂ is never rounded there). Every backend returns the
-four tensors, so the ops' outputs match their fake functions everywhere.
+besides its output, and autograd saves those in place of the raw q and k (the same memory when nothing else
+keeps the raw ones alive; fla saves the same), so the backward runs on them instead of normalizing q and k
+again (two launches a step). Where q and k are views of v's storage (HF Qwen3-Next splits one projection), the
+saved v keeps the raw q, k alive anyway: then they are saved and normalized again in the backward, as q̂, k̂
+would be memory on top (:func:`save_normalized`). The forward stages themselves still take the raw q, k and
+the rstd (q̂ is never rounded there). Every backend returns the four tensors, so the ops' outputs match their
+fake functions everywhere.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import torch
 from ... import backends
 from ..norm import reference as _norm_ref
 from ..norm.l2norm import rstd as _l2_rstd
+from .common import zero_tail_rows
 
 
 def normalize(q: torch.Tensor, k: torch.Tensor, eps: float, q_rstd: Optional[torch.Tensor] = None,
@@ -46,11 +50,20 @@ def wanted(use_l2: bool, return_qk_norm: bool) -> bool:
     return bool(use_l2 and return_qk_norm)
 
 
-def grad_needed(*tensors: Optional[torch.Tensor]) -> bool:
-    """What the ops' public functions pass as ``return_qk_norm``: autograd will record the call (grad mode on and
-    an input that requires grad), so a backward may run on the saved ``q̂, k̂``; a forward-only call does not
-    write them (one write of q and k less)."""
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+def save_normalized(q, k, v, *others: Optional[torch.Tensor]) -> bool:
+    """What the ops' public functions pass as ``return_qk_norm``. True where autograd will record the call (grad
+    mode on and an input that requires grad) and saving ``q̂, k̂`` instead of q and k costs no memory: a
+    forward-only call does not write them (one write of q and k less), and where q and k are both views of v's
+    storage (one split projection) the saved v keeps them alive anyway, so they are saved themselves. Under
+    torch.compile only the first condition (storage identity is no traced property; the compiled graph chooses
+    what it saves)."""
+    tensors = (q, k, v, *others)
+    if not (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)):
+        return False
+    if torch.compiler.is_compiling() or not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return True
+    base = v.untyped_storage().data_ptr()
+    return not (q.untyped_storage().data_ptr() == base and k.untyped_storage().data_ptr() == base)
 
 
 def fake(q: torch.Tensor, want: bool) -> tuple:
@@ -68,9 +81,13 @@ def saved(q: torch.Tensor, k: torch.Tensor, outputs, want: bool) -> tuple:
     return tuple(outputs) if want else (q, k, None, None)
 
 
-def through_norm(grads: tuple, q: torch.Tensor, k: torch.Tensor, q_rstd: torch.Tensor, k_rstd: torch.Tensor):
+def through_norm(grads: tuple, q: torch.Tensor, k: torch.Tensor, q_rstd: torch.Tensor, k_rstd: torch.Tensor,
+                 cu_host: Optional[list]):
     """Gradients w.r.t. ``q̂``/``k̂`` (``grads[:2]``, from autograd of a reference run without the l2norm on the
     saved ``q``/``k`` = ``q̂``/``k̂``) taken through the l2norm by its closed form (the exact chain rule:
-    ``dx = rstd·(dŷ − ŷ·Σ dŷ·ŷ)``); the other gradients as they are."""
+    ``dx = rstd·(dŷ − ŷ·Σ dŷ·ŷ)``); the other gradients as they are. Rows past ``cu_host[-1]`` (varlen tail tokens,
+    whose q̂ may be NaN) get zeros, as autograd through the whole reference gives them."""
     dqn, dkn, *rest = grads
-    return (_norm_ref.l2norm_bwd(q, q_rstd, dqn), _norm_ref.l2norm_bwd(k, k_rstd, dkn), *rest)
+    dq, dk = _norm_ref.l2norm_bwd(q, q_rstd, dqn), _norm_ref.l2norm_bwd(k, k_rstd, dkn)
+    zero_tail_rows(cu_host, dq, dk)
+    return (dq, dk, *rest)

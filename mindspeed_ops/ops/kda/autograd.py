@@ -56,7 +56,7 @@ def _reference_backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, s
     if use_l2 and q_rstd is not None:
         return _qk_norm.through_norm(_reference_backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state,
                                                          scale, False, cu_seqlens, cu_host, chunk_size),
-                                     q, k, q_rstd, k_rstd)
+                                     q, k, q_rstd, k_rstd, cu_host)
     want_final = dht is not None
     empty = _gdn_ref.no_token_grads(q, k, v, g, beta, initial_state, dht, cu_seqlens)
     if empty is not None:  # nothing processed: autograd would record no graph
@@ -122,7 +122,7 @@ def chunk_kda_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Ten
     """Gradients ``(dq, dk, dv, dg, dbeta, dh0)`` (``dh0`` empty without ``initial_state``). With ``q_rstd``/``k_rstd``
     (the forward op's, ``use_qk_l2norm_in_kernel`` only), ``q``/``k`` are the forward op's normalized ``qn``/``kn``,
     not the raw inputs; without them the raw q/k, normalized again here."""
-    _check_qk_rstd(OP, q, k, q_rstd, k_rstd, use_qk_l2norm_in_kernel)
+    _check_qk_rstd(f"{OP}_bwd", q, k, q_rstd, k_rstd, use_qk_l2norm_in_kernel)
     cu_host = _host_cu(OP, q, cu_seqlens, cu_seqlens_cpu)
     impl = backends.implementation(OP, q.device)
     dq, dk, dv, dg, dbeta, dh0 = impl.backward(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale,
@@ -138,7 +138,7 @@ def chunk_kda_bwd_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Ten
 def _(do, dht, q, k, v, g, beta, G, Akk, Aqk, initial_state, scale, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size,
       cu_seqlens_cpu=None, q_rstd=None, k_rstd=None):
     _check_cu_cpu(OP, cu_seqlens, cu_seqlens_cpu)
-    _check_qk_rstd(OP, q, k, q_rstd, k_rstd, use_qk_l2norm_in_kernel)
+    _check_qk_rstd(f"{OP}_bwd", q, k, q_rstd, k_rstd, use_qk_l2norm_in_kernel)
     like = empty_contiguous_like
     return (like(q), like(k), like(v), like(g), like(beta),
             q.new_empty(0) if initial_state is None else like(initial_state))
@@ -238,5 +238,5 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[tor
         g = torch.zeros(*v.shape[:3], K, dtype=torch.float32, device=v.device)
     o, final, *_ = _chunk_kda(q, k, v, g, beta, scale, initial_state, bool(output_final_state),
                               bool(use_qk_l2norm_in_kernel), cu_seqlens, chunk_size, cu_cpu,
-                              _qk_norm.grad_needed(q, k, v, g, beta, initial_state))
+                              _qk_norm.save_normalized(q, k, v, g, beta, initial_state))
     return o, (final if output_final_state else None)

@@ -168,3 +168,47 @@ def test_forward_only_calls_do_not_write_the_normalized_qk(kind, monkeypatch):
     (o2 * do).sum().backward()
     for name, a, b in zip(("dq", "dk", "dv", "dbeta"), (t.grad for t in leaves), want):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("kind, cu, T", [("gdn", [0, 9, 20], 24), ("kda", [0, 9, 20], 24), ("gdn", [0, 0, 0], 5)])
+def test_reference_backend_nan_tail_tokens_get_zero_gradients(kind, cu, T):
+    """Varlen tail tokens (past ``cu_seqlens[-1]``) holding NaN: zero dq/dk there on the reference backend too (its
+    closed-form l2norm backward over q̂ = NaN rows gave NaN; fresh-eyes review), finite everywhere else."""
+    q, k, v, g, beta, _, _, _ = _inputs(kind, T, 1, 2, 16, 16, torch.float32, seed=5)
+    for t in (q, k, v):
+        t[:, cu[-1]:] = float("nan")
+    leaves = [t.requires_grad_() for t in (q, k, v, g, beta)]
+    f = api.chunk_gated_delta_rule if kind == "gdn" else api.chunk_kda
+    with mindspeed_ops.use_backend("reference"):
+        o, _ = f(*leaves, use_qk_l2norm_in_kernel=True, cu_seqlens=torch.tensor(cu, device=DEVICE),
+                 chunk_size=BT[kind])
+        (o[:, :cu[-1]].sum() + 0 * o[:, cu[-1]:].nan_to_num().sum()).backward()
+    for name, t in (("dq", leaves[0]), ("dk", leaves[1])):
+        assert (t.grad[:, cu[-1]:] == 0).all() and torch.isfinite(t.grad).all(), name
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_views_of_one_projection_save_the_raw_qk(kind):
+    """q, k and v split from one projection (the HF Qwen3-Next layout): the saved v keeps their storage alive, so
+    the raw q, k are saved (q̂, k̂ would be memory on top) and the backward normalizes again; separate tensors save
+    q̂, k̂. Same gradients either way, bitwise."""
+    H, HV, K, V, T = 1, 2, 16, 16, 20
+    gen = torch.Generator().manual_seed(4)
+    qkv = torch.randn(1, T, 2 * H * K + HV * V, generator=gen).to(DEVICE)
+    g = F.logsigmoid(torch.randn(1, T, HV, *(() if kind == "gdn" else (K,)), generator=gen)).to(DEVICE)
+    beta = torch.rand(1, T, HV, generator=gen).to(DEVICE)
+    f = api.chunk_gated_delta_rule if kind == "gdn" else api.chunk_kda
+    grads = []
+    for split in (True, False):
+        leaf = qkv.clone().requires_grad_()
+        src = leaf if split else leaf.clone()  # not split: three separate tensors
+        q, k, v = torch.split(src, [H * K, H * K, HV * V], dim=-1)
+        if not split:
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        q, k, v = q.reshape(1, T, H, K), k.reshape(1, T, H, K), v.reshape(1, T, HV, V)
+        o, _ = f(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, chunk_size=BT[kind])
+        ptrs = {t.untyped_storage().data_ptr() for t in o.grad_fn.saved_tensors if t is not None}
+        assert (q.untyped_storage().data_ptr() in ptrs) == split
+        o.sum().backward()
+        grads.append(leaf.grad)
+    assert torch.equal(grads[0], grads[1])
