@@ -5,7 +5,7 @@ functions, backends chosen per device, and the eager fast path of ``common.eager
 The forward op also returns ``G`` (chunk-local gate cumsum) and ``Ainv`` so the backward does not
 recompute them (SPEC 1.10.10: saved tensors are the inputs, ``G``, ``Ainv`` and ``h0``). With the in-kernel
 l2norm it returns the normalized ``q̂, k̂`` and their fp32 rstd as well, and those are saved in place of the
-raw q and k (the same memory, as fla saves them), so the backward does not normalize q and k again.
+raw q and k, so the backward does not normalize q and k again (where that costs no memory: :mod:`.qk_norm`).
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ Pipeline (SPEC 1.10.0 table): optional in-kernel l2norm of q/k -> ``G = chunk_lo
 ``A = chunk_scaled_dot_kkt(k, G, beta)`` -> ``Ainv = solve_tril(A)`` -> ``w, u = recompute_w_u_fwd`` ->
 ``h, v_new, final_state = chunk_gated_delta_rule_fwd_h`` -> ``o = chunk_fwd_o``. The backward needs
 only the inputs, ``G`` and ``Ainv`` (``w, u, h, v_new`` are recomputed; ``Ainv`` is saved, not recomputed);
-with the in-kernel l2norm, q and k as the forward normalized them (``q̂, k̂`` and their fp32 rstd, as fla
-saves them) instead of the raw q and k, so the backward does not normalize them again.
+with the in-kernel l2norm, where the op is asked to (:mod:`.qk_norm`), q and k as the forward normalized them
+(``q̂, k̂`` and their fp32 rstd) instead of the raw q and k, so the backward does not normalize them again.
 The kkt and solve_tril steps run as one fused kernel by default (``FUSED_KKT_SOLVE``).
 """
 from __future__ import annotations
@@ -68,9 +68,9 @@ def forward(q, k, v, g, beta, scale: float, initial_state, output_final_state: b
     BT = chunk_size
     cu, idx = device_tables(cu_host, BT, q.device)
     # the l2norm is folded in: raw q, k and their rstd go to the stages, so q̂ = rstd·q is never rounded
-    # to the input dtype (without decay, a rounded ‖k̂‖ != 1 compounds through the state). The same launch
-    # also writes the rounded q̂, k̂ for the backward (which runs on them): two launches fewer there for one
-    # more write of q and k here.
+    # to the input dtype (without decay, a rounded ‖k̂‖ != 1 compounds through the state). With return_qk_norm
+    # the same launches also write the rounded q̂, k̂ for the backward (which runs on them): two launches fewer
+    # there for one more write of q and k here.
     qn = kn = rq = rk = None
     if use_qk_l2norm_in_kernel:
         qn, kn, rq, rk = qk_norm.normalize(q, k, L2_EPS, write=return_qk_norm)

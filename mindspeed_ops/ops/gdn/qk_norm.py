@@ -36,11 +36,8 @@ def normalize(q: torch.Tensor, k: torch.Tensor, eps: float, q_rstd: Optional[tor
     return qn, kn, q_rstd, k_rstd
 
 
-def normalize_reference(q: torch.Tensor, k: torch.Tensor, eps: float, write: bool = True) -> tuple:
-    """:func:`normalize` by the pure-PyTorch l2norm (the reference backends' forward); ``write=False``: four Nones
-    (the reference stages normalize for themselves)."""
-    if not write:
-        return (None,) * 4
+def normalize_reference(q: torch.Tensor, k: torch.Tensor, eps: float) -> tuple:
+    """:func:`normalize` by the pure-PyTorch l2norm (the reference backends' forward)."""
     (qn, q_rstd), (kn, k_rstd) = _norm_ref.l2norm_fwd(q, eps), _norm_ref.l2norm_fwd(k, eps)
     return qn, kn, q_rstd, k_rstd
 
