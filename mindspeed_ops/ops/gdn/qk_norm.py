@@ -51,14 +51,15 @@ def save_normalized(q, k, v, *others: Optional[torch.Tensor]) -> bool:
     """What the ops' public functions pass as ``return_qk_norm``. True where autograd will record the call (grad
     mode on and an input that requires grad) and saving ``q̂, k̂`` instead of q and k costs no memory: a
     forward-only call does not write them (one write of q and k less), and where q and k are both views of v's
-    storage (one split projection) the saved v keeps them alive anyway, so they are saved themselves. Under
-    torch.compile only the first condition (storage identity is no traced property; the compiled graph chooses
-    what it saves)."""
+    storage (one split projection) the saved v keeps them alive anyway, so they are saved themselves. False under
+    torch.compile: storage identity is no traced property, and saving q̂, k̂ for views would add memory, so a
+    compiled graph keeps the recomputing backward (the memory of before)."""
     tensors = (q, k, v, *others)
-    if not (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)):
+    if torch.compiler.is_compiling() or not (
+            torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)):
         return False
-    if torch.compiler.is_compiling() or not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
-        return True
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return True  # the op's argument checks raise
     base = v.untyped_storage().data_ptr()
     return not (q.untyped_storage().data_ptr() == base and k.untyped_storage().data_ptr() == base)
 

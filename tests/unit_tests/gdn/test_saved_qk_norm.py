@@ -212,3 +212,22 @@ def test_views_of_one_projection_save_the_raw_qk(kind):
         o.sum().backward()
         grads.append(leaf.grad)
     assert torch.equal(grads[0], grads[1])
+
+
+def test_compiled_calls_keep_the_recomputing_backward(monkeypatch):
+    """Under torch.compile the public function asks for no q̂/k̂ (views of one projection cannot be told apart
+    there, and saving q̂/k̂ for them would add memory): the compiled op gets return_qk_norm=False."""
+    from mindspeed_ops.ops.gdn import qk_norm
+    seen = []
+    real = qk_norm.save_normalized
+
+    def spy(*a):
+        seen.append(real(*a))
+        return seen[-1]
+    monkeypatch.setattr(qk_norm, "save_normalized", spy)
+    q, k, v, g, beta, _, _, _ = _inputs("gdn", 20, 1, 1, 16, 16, torch.float32)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, beta)]
+    f = torch.compile(lambda q, k, v, b: api.chunk_gated_delta_rule(q, k, v, g, b, use_qk_l2norm_in_kernel=True,
+                                                                    chunk_size=16)[0], fullgraph=True)
+    f(*leaves).sum().backward()
+    assert seen == [False] and all(t.grad is not None for t in leaves)
