@@ -150,6 +150,11 @@ def pin_backends(cls):
     return cls
 
 
+def records_autograd(*args) -> bool:
+    """Whether a call with ``args`` is recorded by autograd: grad mode on and a tensor argument that requires grad."""
+    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
 def eager_autograd(op, setup_context: Callable, backward: Callable) -> Callable:
     """Call path of a custom op with autograd that is cheap in eager mode.
 
@@ -185,7 +190,7 @@ def eager_autograd(op, setup_context: Callable, backward: Callable) -> Callable:
     def call(*args):
         if torch.compiler.is_compiling():
             return op(*args)
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        if records_autograd(*args):
             return EagerFunction.apply(*args)
         return fwd(*args)
 
@@ -197,8 +202,7 @@ def call_op(ctx, op, *args):
     """Call custom op ``op`` from a backward: its Python body when the forward ran eagerly
     (``ctx.eager``, set by :func:`eager_autograd`), the op itself when traced by ``torch.compile`` or
     when the backward is itself differentiated (``create_graph=True``: the op's autograd is needed)."""
-    if getattr(ctx, "eager", False) and not (
-            torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
+    if getattr(ctx, "eager", False) and not records_autograd(*args):
         return op._init_fn(*args)
     return op(*args)
 

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from ... import backends
+from ..common import records_autograd
 from ..norm import reference as _norm_ref
 from ..norm.l2norm import rstd as _l2_rstd
 from .common import zero_tail_rows
@@ -54,9 +55,7 @@ def save_normalized(q, k, v, *others: Optional[torch.Tensor]) -> bool:
     storage (one split projection) the saved v keeps them alive anyway, so they are saved themselves. False under
     torch.compile: storage identity is no traced property, and saving q̂, k̂ for views would add memory, so a
     compiled graph keeps the recomputing backward (the memory of before)."""
-    tensors = (q, k, v, *others)
-    if torch.compiler.is_compiling() or not (
-            torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)):
+    if torch.compiler.is_compiling() or not records_autograd(q, k, v, *others):
         return False
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         return True  # the op's argument checks raise
