@@ -1,5 +1,5 @@
-"""Launch configurations of the GDN backward's two largest kernels (and wy's forward, run twice per
-training step) at one shape: median us (``triton.testing.do_bench``) per configuration, each checked
+"""Launch configurations of the GDN backward's largest kernels (and wy's forward and the forward state scan, run
+twice per training step) at one shape: median us (``triton.testing.do_bench``) per configuration, each checked
 against the current default configuration's output (rel-RMS; products in bf16 round the same operands,
 only the accumulation order may differ).
 
@@ -9,7 +9,9 @@ only the accumulation order may differ).
 - ``chunk_bwd_dqkwg``: K-block ``BK`` x V tile ``BV`` x warps x stages (the launcher's autotuner picks
   BV/warps/stages among its list; BK is fixed by ``block_k``). A configuration whose rel-RMS against the
   default is far above the others' is a miscompile (one was: BK=128, BV=32, 4 warps, 3 stages);
-- ``prepare_wy_repr_bwd`` and ``recompute_w_u_fwd``: ``(BK = BV, warps, stages)`` (``wy_fast.*_config``).
+- ``prepare_wy_repr_bwd`` and ``recompute_w_u_fwd``: ``(BK = BV, warps, stages)`` (``wy_fast.*_config``);
+- the state scans ``chunk_fwd_h`` and ``chunk_bwd_dhu``: the state's K block ``BK`` (``common.scan_block_k``: 64, or
+  128 in one block) x ``BV`` x warps x stages.
 
 Inputs are a real pipeline state: unit q/k, ``g = logsigmoid``, sigmoid beta, then the forward stages and
 the backward stages up to each tuned one.
@@ -49,8 +51,8 @@ def _state(a, dev):
     h, v_new, _ = _m["fwd_h"].forward(k, w, u, G, None, None, False, BT, True, None)
     dv_local = _m["bwd_dv"].forward(q, k, do, G, scale, None, None, BT, None)
     dh, _, dv2 = _m["bwd_dhu"].forward(q, k, w, do, dv_local, G, None, None, None, scale, BT, None)
-    return dict(q=q, k=k, v=v, beta=beta, G=G, Ainv=Ainv, w=w, h=h, v_new=v_new, do=do, dh=dh, dv2=dv2, scale=scale,
-                BT=BT, dt=dt)
+    return dict(q=q, k=k, v=v, beta=beta, G=G, Ainv=Ainv, w=w, u=u, h=h, v_new=v_new, do=do, dh=dh, dv2=dv2,
+                dv_local=dv_local, scale=scale, BT=BT, dt=dt)
 
 
 def _time(fn, dev):
@@ -137,6 +139,36 @@ def tune_wy(s, dev, which):
         setattr(mod, name, orig)
 
 
+def tune_scan(s, dev, which):
+    import triton
+
+    from mindspeed_ops.ops.gdn import common
+    mod = _m["fwd_h" if which == "fwd_h" else "bwd_dhu"]
+    orig_cap, orig_configs = common.SCAN_BK_MAX, mod._configs
+
+    def run():
+        if which == "fwd_h":
+            return mod.forward(s["k"], s["w"], s["u"], s["G"], None, None, False, s["BT"], True, None)
+        return mod.forward(s["q"], s["k"], s["w"], s["do"], s["dv_local"], s["G"], None, None, None, s["scale"],
+                           s["BT"], None)
+
+    ref = run()
+    print(f"{which}: default (BK={common.scan_block_k(s['k'].shape[-1], s['dt'])}, autotuned): {_time(run, dev):8.1f} us",
+          flush=True)
+
+    def apply(bk, bv, nw, ns):
+        common.SCAN_BK_MAX = bk
+        mod._configs = lambda: [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)]
+        mod._KERNEL = None
+
+    tiles = [(32, 4, 2), (16, 4, 2), (64, 8, 2), (32, 8, 2)] + ([(32, 4, 3), (16, 4, 3)] if which == "fwd_h" else
+                                                                [(32, 4, 1)])
+    try:
+        _sweep(run, ref, dev, ("BKmax", "BV", "warps", "stages"), apply, [(bk, *t) for bk in (128, 64) for t in tiles])
+    finally:
+        common.SCAN_BK_MAX, mod._configs, mod._KERNEL = orig_cap, orig_configs, None
+
+
 def shape_args(ap: argparse.ArgumentParser, dims=("T", "H", "HV", "K", "V")) -> None:
     """The tuned point's dims (defaults: Qwen3-Next's B1 T8192 H16 HV32 K=V=128), shared by the tune scripts."""
     defaults = {"T": 8192, "H": 16, "HV": 32, "K": 128, "V": 128}
@@ -147,7 +179,8 @@ def shape_args(ap: argparse.ArgumentParser, dims=("T", "H", "HV", "K", "V")) -> 
 def main() -> None:
     ap = argparse.ArgumentParser()
     shape_args(ap)
-    ap.add_argument("--only", nargs="+", default=["dqkwg", "wy_bwd", "wy_fwd"], choices=["dqkwg", "wy_bwd", "wy_fwd"])
+    ap.add_argument("--only", nargs="+", default=["dqkwg", "wy_bwd", "wy_fwd"],
+                    choices=["dqkwg", "wy_bwd", "wy_fwd", "fwd_h", "dhu"])
     ap.add_argument("--device", default="cuda", help="cpu: a check of the script itself (TRITON_INTERPRET=1, "
                     "small shapes), no timing")
     a = ap.parse_args()
@@ -159,6 +192,9 @@ def main() -> None:
         tune_wy(s, a.device, "bwd")
     if "wy_fwd" in a.only:
         tune_wy(s, a.device, "fwd")
+    for which in ("fwd_h", "dhu"):
+        if which in a.only:
+            tune_scan(s, a.device, which)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from ...validation import check_same_device, check_tensor, reject_float64
 from ..common import unit_last_stride
 from . import reference_bwd as _ref
 from .bwd_dv import check_qk_do
-from .common import chunk_table, sequence_chunks, use_triton
+from .common import chunk_table, scan_block_k, sequence_chunks, use_triton
 
 OP = "chunk_gated_delta_rule_bwd_dhu"
 
@@ -124,16 +124,10 @@ def _kernel():
     if _KERNEL is None:
         from .triton_bwd import chunk_bwd_dhu_kernel
 
-        _KERNEL = tu.autotune(_configs(), key=["HV", "GQ", "K", "V", "BT", "USE_G", "USE_GK", "HAS_DHT",
+        _KERNEL = tu.autotune(_configs(), key=["HV", "GQ", "K", "BK", "V", "BT", "USE_G", "USE_GK", "HAS_DHT",
                                                "STORE_DH0", "IS_VARLEN", "QKG"],
                               prune_configs_by={"early_config_prune": _prune})(chunk_bwd_dhu_kernel)
     return _KERNEL
-
-
-def _block_k(K: int) -> tuple[int, int]:
-    """``(BK, NK)``: K split into up to four register blocks of at most 64 rows (>= 16 for tl.dot)."""
-    bk = max(16, min(64, tu.next_power_of_2(K)))
-    return bk, max(1, tu.cdiv(K, bk))
 
 
 def forward(q, k, w, do, dv, g, gk, h0, dht, scale, chunk_size, cu_host, qk_gated: bool = False):
@@ -155,7 +149,8 @@ def forward(q, k, w, do, dv, g, gk, h0, dht, scale, chunk_size, cu_host, qk_gate
     if cu_host is not None and cu_host[-1] < T:
         dv2[:, cu_host[-1]:].zero_()  # tail tokens take part in nothing
     if N and HV and V:
-        BK, NK = _block_k(K)
+        BK, NK = scan_block_k(K, qq.dtype)
+        NK = max(1, NK)  # K = 0: one empty block (dS stays 0)
         dummy = qq
         z3 = (0, 0, 0)
         grid = lambda meta: (N * HV * tu.cdiv(V, meta["BV"]),)  # noqa: E731

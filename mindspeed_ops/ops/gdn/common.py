@@ -139,6 +139,20 @@ def sequence_chunks(cu_host: Optional[list], T: int, BT: int, device: torch.devi
     return _sequence_tables(cu_host, BT, device)
 
 
+SCAN_BK_MAX = 128  # widest K block of the state scans (64: the layout before the twenty-eighth session; A/B switch)
+
+
+def scan_block_k(K: int, dtype: torch.dtype) -> tuple[int, int]:
+    """``(BK, NK)`` of the state scans (``fwd_h``, ``bwd_dhu``): the fp32 state ``[K, BV]`` held as ``NK``
+    register blocks of ``BK`` rows (>= 16 for ``tl.dot``). fp16/bf16 with ``64 < K <= 128``: one block, so each
+    chunk step stages the state in shared memory once and issues each product as one tensor-core group (two
+    blocks serialize on one staging buffer); otherwise blocks of at most 64 rows (fp32 tiles are twice the
+    bytes), up to four (``K <= 256``)."""
+    b = max(16, tu.next_power_of_2(K))
+    bk = 128 if b == 128 and SCAN_BK_MAX >= 128 and dtype in (torch.float16, torch.bfloat16) else min(64, b)
+    return bk, tu.cdiv(K, bk)
+
+
 def prune_v_tiles(configs, named_args, **kwargs):
     """Autotune prune shared by the chunk launchers: drop V tiles (``BV``) wider than V needs (V rounded
     up to a power of two, at least 32); keep at least one config."""

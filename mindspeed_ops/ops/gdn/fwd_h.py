@@ -9,7 +9,8 @@ from ... import triton_utils as tu
 from ...validation import (check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str)
 from ..common import unit_last_stride
 from . import reference_fwd as _ref
-from .common import check_value_heads, chunk_count, chunk_table, row_factor_args, sequence_chunks, use_triton
+from .common import (check_value_heads, chunk_count, chunk_table, row_factor_args, scan_block_k, sequence_chunks,
+                     use_triton)
 
 OP = "chunk_gated_delta_rule_fwd_h"
 MAX_K = 256
@@ -127,7 +128,7 @@ def _kernel():
     if _KERNEL is None:
         from .triton_fwd import chunk_fwd_h_kernel
 
-        _KERNEL = tu.autotune(_configs(), key=["HV", "GQ", "K", "V", "BT", "USE_G", "USE_GK", "HAS_H0",
+        _KERNEL = tu.autotune(_configs(), key=["HV", "GQ", "K", "BK", "V", "BT", "USE_G", "USE_GK", "HAS_H0",
                                                "STORE_FINAL", "SAVE_VNEW", "IS_VARLEN", "HAS_RK", "KG"],
                                 prune_configs_by={"early_config_prune": _prune})(chunk_fwd_h_kernel)
     return _KERNEL
@@ -141,12 +142,6 @@ def kernel_view(t: Optional[torch.Tensor], BT: int) -> Optional[torch.Tensor]:
     if t is not None and t.dim() > 1 and abs(t.stride(1)) * BT >= 2 ** 31:
         t = t.contiguous()
     return t
-
-
-def _block_k(K: int) -> tuple[int, int]:
-    """``(BK, NK)``: K split into up to four register blocks of at most 64 rows (>= 16 for tl.dot)."""
-    bk = max(16, min(64, tu.next_power_of_2(K)))
-    return bk, tu.cdiv(K, bk)
 
 
 def outputs(k, u, chunk_size: int, cu_host, save_new_value: bool = True):
@@ -179,7 +174,7 @@ def forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_
     h, vn = outputs(k, u, BT, cu_host, save_new_value) if out is None else out
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     if N and HV and V and K:
-        BK, NK = _block_k(K)
+        BK, NK = scan_block_k(K, kk.dtype)
         dummy = kk
         z3 = (0, 0, 0)
         r_ptr, *sr = row_factor_args(rk, dummy)

@@ -260,8 +260,9 @@ def test_autotune_space_is_all_pipelined_or_all_not(K, V, dtype):
     """Pipelined and unpipelined builds round dv/dh differently (H200, fp32 K = V = 64): a shape's autotune space
     keeps one of the two (SPEC 0.6: a timing-based choice must not change the bits)."""
     from mindspeed_ops.ops.gdn import bwd_dhu
+    from mindspeed_ops.ops.gdn.common import scan_block_k
 
-    BK, NK = bwd_dhu._block_k(K)
+    BK, NK = scan_block_k(K, dtype)
     kept = bwd_dhu._prune(bwd_dhu._configs(), {"V": V, "q_ptr": torch.empty(0, dtype=dtype)}, BK=BK, NK=NK)
     assert kept and len({c.num_stages > 1 for c in kept}) == 1
 
