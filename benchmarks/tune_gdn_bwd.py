@@ -161,8 +161,7 @@ def tune_scan(s, dev, which):
         mod._configs = lambda: [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)]
         mod._KERNEL = None
 
-    tiles = [(32, 4, 2), (16, 4, 2), (64, 8, 2), (32, 8, 2)] + ([(32, 4, 3), (16, 4, 3)] if which == "fwd_h" else
-                                                                [(32, 4, 1)])
+    tiles = [(16, 4, 2), (16, 4, 3), (16, 4, 4), (32, 4, 2), (32, 4, 3), (32, 4, 4), (16, 2, 3), (16, 8, 3), (64, 8, 3)]
     try:
         _sweep(run, ref, dev, ("BKmax", "BV", "warps", "stages"), apply, [(bk, *t) for bk in (128, 64) for t in tiles])
     finally:

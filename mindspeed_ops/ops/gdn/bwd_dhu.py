@@ -10,7 +10,7 @@ from ...validation import check_same_device, check_tensor, reject_float64
 from ..common import unit_last_stride
 from . import reference_bwd as _ref
 from .bwd_dv import check_qk_do
-from .common import chunk_table, scan_block_k, sequence_chunks, use_triton
+from .common import chunk_table, scan_block_k, scan_stages_fit, sequence_chunks, use_triton
 
 OP = "chunk_gated_delta_rule_bwd_dhu"
 
@@ -93,7 +93,7 @@ def _configs():
     import triton
 
     return [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
-            for bv, nw, ns in ((32, 4, 2), (16, 4, 2), (64, 8, 2), (32, 4, 1))]
+            for bv, nw, ns in ((32, 4, 2), (16, 4, 2), (64, 8, 2), (32, 4, 1), (16, 4, 3), (32, 4, 3))]
 
 
 def _prune(configs, named_args, **kwargs):
@@ -102,14 +102,22 @@ def _prune(configs, named_args, **kwargs):
     a chunk in shared memory, which fits sm_80/sm_90 only for rows of at most 256 bytes (16-bit
     ``K <= 128``, fp32 ``K <= 64``); wider rows run unpipelined, and only they: the pipelined and unpipelined
     builds round dv/dh differently (H200, fp32 K = V = 64: tests/unit_tests/core/test_autotune_bits.py), so a
-    shape keeps one of the two (SPEC 0.6: a timing-based choice must not change the bits)."""
+    shape keeps one of the two (SPEC 0.6: a timing-based choice must not change the bits). 3 stages only where
+    their buffers fit (``common.scan_stages_fit``; 16-bit q, k, w): they hide each chunk step's loads (B1 T8192 H16 bf16 K = V = 128
+    on the H200: 181 µs at BV 16 vs 257 at 2 stages; T32768 H32: 811 µs at BV 32 vs 1133; the same bits,
+    benchmarks/tune_gdn_bwd.py)."""
     args = {**named_args, **kwargs}
     state = args["BK"] * args["NK"]
     row_bytes = state * args["q_ptr"].element_size()
     vmax = max(16, tu.next_power_of_2(args["V"]))
     pipelined = row_bytes <= 256
+    gk_tile = args["USE_GK"] and not args.get("QKG", False)
+    sizes = [args[n].element_size() for n in ("q_ptr", "k_ptr", "w_ptr")]
+    k_row = sum(sizes) + (4 if gk_tile else 0)
+    v_row = args["do_ptr"].element_size() + args["dv_ptr"].element_size()
     kept = [c for c in configs if state * c.kwargs["BV"] <= 64 * 32 * c.num_warps and c.kwargs["BV"] <= vmax
-            and (c.num_stages > 1) == pipelined]
+            and (c.num_stages > 1) == pipelined
+            and scan_stages_fit(c, args["BT"], state, k_row, v_row, max(sizes) <= 2)]
     return kept or configs[-1:]
 
 

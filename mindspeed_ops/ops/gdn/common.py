@@ -153,6 +153,21 @@ def scan_block_k(K: int, dtype: torch.dtype) -> tuple[int, int]:
     return bk, tu.cdiv(K, bk)
 
 
+#: bound on a scan's estimated pipeline buffers (``num_stages`` x one chunk's tiles) for 3+ stages: the H200
+#: compiles measured 5-15 KB above the estimate (sm_90: 177 KB for dhu at BV 32 / 3 stages, 157 KB for fwd_h at BV 32 /
+#: 4 stages, bf16 K = 128), sm_80 less (128 and 116 KB); 4 stages of dhu at BV 32 (estimate 229 KB) overflow sm_90
+SCAN_STAGE_BYTES = 200 * 1024
+
+
+def scan_stages_fit(config, BT: int, K: int, k_row_bytes: int, v_row_bytes: int, half: bool) -> bool:
+    """Whether ``config`` may run: two or fewer stages always; more only with 16-bit inputs (``half``; fp32 tiles
+    are twice the bytes and were never timed deeper) whose chunk tiles fit :data:`SCAN_STAGE_BYTES`: per stage
+    ``BT`` rows of the K-wide tiles (``k_row_bytes`` per K column summed over them) and of the ``BV``-wide ones
+    (``v_row_bytes`` per column)."""
+    per_stage = BT * (K * k_row_bytes + config.kwargs["BV"] * v_row_bytes)
+    return config.num_stages <= 2 or (half and config.num_stages * per_stage <= SCAN_STAGE_BYTES)
+
+
 def prune_v_tiles(configs, named_args, **kwargs):
     """Autotune prune shared by the chunk launchers: drop V tiles (``BV``) wider than V needs (V rounded
     up to a power of two, at least 32); keep at least one config."""

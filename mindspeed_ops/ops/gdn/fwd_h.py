@@ -9,8 +9,8 @@ from ... import triton_utils as tu
 from ...validation import (check_cu_seqlens, check_same_device, check_tensor, reject_float64, shape_str)
 from ..common import unit_last_stride
 from . import reference_fwd as _ref
-from .common import (check_value_heads, chunk_count, chunk_table, row_factor_args, scan_block_k, sequence_chunks,
-                     use_triton)
+from .common import (check_value_heads, chunk_count, chunk_table, row_factor_args, scan_block_k, scan_stages_fit,
+                     sequence_chunks, use_triton)
 
 OP = "chunk_gated_delta_rule_fwd_h"
 MAX_K = 256
@@ -100,19 +100,26 @@ def _configs():
     import triton
 
     return [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
-            for bv, nw, ns in ((32, 4, 2), (64, 8, 2), (16, 4, 2), (32, 4, 3))]
+            for bv, nw, ns in ((32, 4, 2), (64, 8, 2), (16, 4, 2), (32, 4, 3), (16, 4, 4), (32, 4, 4))]
 
 
 def _prune(configs, named_args, **kwargs):
     """Keep configs whose fp32 state (``NK·BK x BV``) is at most 64 registers a thread (more spills
     at K = 256), whose V tile is not wider than V needs, and (per-channel gates at K > 128) that stage
-    only two chunks of tiles in shared memory (three overflow it at K = 256 or in fp32)."""
+    only two chunks of tiles in shared memory (three overflow it at K = 256 or in fp32); 3+ stages only where
+    their buffers fit (``common.scan_stages_fit``; 16-bit w and k). Deep pipelines hide each chunk step's loads: 4 stages at BV 16
+    took 126 µs vs 177 µs at BV 32 / 3 stages (B1 T8192 H16 bf16 K = V = 128, H200, benchmarks/tune_gdn_bwd.py);
+    all of them give the same bits there."""
     args = {**named_args, **kwargs}
     state = args["BK"] * args["NK"]
     vmax = max(32, tu.next_power_of_2(args["V"]))
+    gk_tile = args["USE_GK"] and not args.get("KG", False)
+    k_row = args["w_ptr"].element_size() + args["k_ptr"].element_size() + (4 if gk_tile else 0)
+    half = max(args["w_ptr"].element_size(), args["k_ptr"].element_size()) <= 2
     kept = [c for c in configs if state * c.kwargs["BV"] <= 64 * 32 * c.num_warps and c.kwargs["BV"] <= vmax
             and not (args["USE_GK"] and c.num_stages > 2
-                     and (state > 128 or args["k_ptr"].element_size() > 2))]  # gk tiles at K=256 or fp32: smem
+                     and (state > 128 or args["k_ptr"].element_size() > 2))  # gk tiles at K=256 or fp32: smem
+            and scan_stages_fit(c, args["BT"], state, k_row, args["u_ptr"].element_size(), half)]
     return kept or configs[:1]
 
 

@@ -263,8 +263,27 @@ def test_autotune_space_is_all_pipelined_or_all_not(K, V, dtype):
     from mindspeed_ops.ops.gdn.common import scan_block_k
 
     BK, NK = scan_block_k(K, dtype)
-    kept = bwd_dhu._prune(bwd_dhu._configs(), {"V": V, "q_ptr": torch.empty(0, dtype=dtype)}, BK=BK, NK=NK)
+    kept = bwd_dhu._prune(bwd_dhu._configs(), _tile_args(dtype, V), BK=BK, NK=NK, BT=64, USE_GK=False)
     assert kept and len({c.num_stages > 1 for c in kept}) == 1
+
+
+def _tile_args(dtype, V):
+    return {"V": V, **{n: torch.empty(0, dtype=dtype) for n in ("q_ptr", "k_ptr", "w_ptr", "do_ptr", "dv_ptr")}}
+
+
+@pytest.mark.parametrize("K,dtype,gk,deep", [(128, torch.bfloat16, False, True), (64, torch.float32, False, False),
+                                             (128, torch.float32, False, False), (256, torch.float16, False, False),
+                                             (128, torch.bfloat16, True, False)])
+def test_three_stages_only_where_they_fit(K, dtype, gk, deep):
+    """3-stage configs (fastest on the H200 at the issues' points) are kept for 16-bit K <= 128 without a per-channel
+    gate tile, where their estimated buffers fit; fp32, K = 256 and gk tiles run unpipelined or at 2 stages."""
+    from mindspeed_ops.ops.gdn import bwd_dhu
+    from mindspeed_ops.ops.gdn.common import scan_block_k
+
+    BK, NK = scan_block_k(K, dtype)
+    kept = bwd_dhu._prune(bwd_dhu._configs(), _tile_args(dtype, 128), BK=BK, NK=NK, BT=64, USE_GK=gk)
+    assert kept
+    assert any(c.num_stages == 3 for c in kept) == deep, [str(c) for c in kept]
 
 
 def test_empty():

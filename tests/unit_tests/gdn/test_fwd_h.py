@@ -164,6 +164,23 @@ def test_reference_path(monkeypatch):
         assert_close(name, a, b, threshold("LA-o", torch.float16))
 
 
+@pytest.mark.parametrize("K,dtype,gate,deep", [(128, torch.bfloat16, None, True), (100, torch.float16, "kg", True),
+                                               (128, torch.float32, None, False), (256, torch.bfloat16, None, False),
+                                               (128, torch.bfloat16, "gk", False)])
+def test_deep_pipelines_only_where_they_fit(K, dtype, gate, deep):
+    """4-stage configs (fastest on the H200 at the issues' points) are kept for 16-bit K <= 128 (KDA's pre-gated k
+    too), where their estimated buffers fit; not for fp32, K = 256 or a per-channel gate tile."""
+    from mindspeed_ops.ops.gdn import fwd_h
+    from mindspeed_ops.ops.gdn.common import scan_block_k
+
+    BK, NK = scan_block_k(K, dtype)
+    t = torch.empty(0, dtype=dtype)
+    kept = fwd_h._prune(fwd_h._configs(), {"V": 128, "k_ptr": t, "w_ptr": t, "u_ptr": t}, BK=BK, NK=NK, BT=64,
+                        USE_GK=gate is not None, KG=gate == "kg")
+    assert kept
+    assert any(c.num_stages == 4 for c in kept) == deep, [str(c) for c in kept]
+
+
 def test_empty():
     k, w, u = (torch.empty(2, 0, 1, 16, device=DEVICE) for _ in range(3))
     h0 = torch.randn(2, 1, 16, 16, device=DEVICE)
