@@ -159,13 +159,14 @@ def tune_scan(s, dev, which):
     def apply(bk, bv, nw, ns):
         common.SCAN_BK_MAX = bk
         mod._configs = lambda: [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)]
-        mod._KERNEL = None
+        mod._KERNELS.clear()
 
     tiles = [(16, 4, 2), (16, 4, 3), (16, 4, 4), (32, 4, 2), (32, 4, 3), (32, 4, 4), (16, 2, 3), (16, 8, 3), (64, 8, 3)]
     try:
         _sweep(run, ref, dev, ("BKmax", "BV", "warps", "stages"), apply, [(bk, *t) for bk in (128, 64) for t in tiles])
     finally:
-        common.SCAN_BK_MAX, mod._configs, mod._KERNEL = orig_cap, orig_configs, None
+        common.SCAN_BK_MAX, mod._configs = orig_cap, orig_configs
+        mod._KERNELS.clear()
 
 
 def shape_args(ap: argparse.ArgumentParser, dims=("T", "H", "HV", "K", "V")) -> None:

@@ -1,6 +1,7 @@
 """``chunk_gated_delta_rule_bwd_dhu`` (SPEC 1.10.6): checks and launch of the reverse state-gradient scan."""
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -96,7 +97,7 @@ def _configs():
             for bv, nw, ns in ((32, 4, 2), (16, 4, 2), (64, 8, 2), (32, 4, 1), (16, 4, 3), (32, 4, 3))]
 
 
-def _prune(configs, named_args, **kwargs):
+def _prune(configs, named_args, min_bv: int = 0, **kwargs):
     """Keep configs whose fp32 gradient state (``NK·BK x BV``) is at most 64 registers a thread and whose
     V tile is not wider than V needs. Software pipelining (``num_stages >= 2``) stages every tile load of
     a chunk in shared memory, which fits sm_80/sm_90 only for rows of at most 256 bytes (16-bit
@@ -117,31 +118,33 @@ def _prune(configs, named_args, **kwargs):
     v_row = args["do_ptr"].element_size() + args["dv_ptr"].element_size()
     kept = [c for c in configs if state * c.kwargs["BV"] <= 64 * 32 * c.num_warps and c.kwargs["BV"] <= vmax
             and (c.num_stages > 1) == pipelined
-            and scan_stages_fit(c, args["BT"], state, k_row, v_row, max(sizes) <= 2)]
+            and scan_stages_fit(c, args["BT"], state, k_row, v_row, max(sizes) <= 2)
+            and c.kwargs["BV"] >= min(min_bv, vmax)]
     return kept or configs[-1:]
 
 
-_KERNEL = None
+_KERNELS: dict = {}
 
 
-def _kernel():
+def _kernel(min_bv: int = 0):
     """The dhu kernel under a small autotuner over ``BV`` (16/32/64: few sequences x heads want narrow
     tiles for more programs) and warps, pipelined or not by the row width (``_prune``); the key leaves out the
-    number of sequences (varlen batches change it every step)."""
-    global _KERNEL
-    if _KERNEL is None:
+    number of sequences (varlen batches change it every step). ``min_bv``: as ``fwd_h._kernel``."""
+    tuner = _KERNELS.get(min_bv)
+    if tuner is None:
         from .triton_bwd import chunk_bwd_dhu_kernel
 
-        _KERNEL = tu.autotune(_configs(), key=["HV", "GQ", "K", "BK", "V", "BT", "USE_G", "USE_GK", "HAS_DHT",
-                                               "STORE_DH0", "IS_VARLEN", "QKG"],
-                              prune_configs_by={"early_config_prune": _prune})(chunk_bwd_dhu_kernel)
-    return _KERNEL
+        tuner = _KERNELS[min_bv] = tu.autotune(
+            _configs(), key=["HV", "GQ", "K", "BK", "V", "BT", "USE_G", "USE_GK", "HAS_DHT", "STORE_DH0", "IS_VARLEN",
+                             "QKG"],
+            prune_configs_by={"early_config_prune": functools.partial(_prune, min_bv=min_bv)})(chunk_bwd_dhu_kernel)
+    return tuner
 
 
-def forward(q, k, w, do, dv, g, gk, h0, dht, scale, chunk_size, cu_host, qk_gated: bool = False):
+def forward(q, k, w, do, dv, g, gk, h0, dht, scale, chunk_size, cu_host, qk_gated: bool = False, min_bv: int = 0):
     """Triton launch (arguments already validated). ``qk_gated`` (with ``gk``): ``q``, ``k`` are ``[B, T, HV, K]``
     and already hold ``q ⊙ e^{G}``, ``k ⊙ e^{Γ − G}`` (KDA's qg, kg), so the scan reads only each chunk's last
-    gate row."""
+    gate row. ``min_bv``: the narrowest V tile the autotuner may pick (see :func:`_kernel`; 0: any)."""
     assert not qk_gated or (gk is not None and q.shape[2] == k.shape[2] == do.shape[2])
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
@@ -162,7 +165,7 @@ def forward(q, k, w, do, dv, g, gk, h0, dht, scale, chunk_size, cu_host, qk_gate
         dummy = qq
         z3 = (0, 0, 0)
         grid = lambda meta: (N * HV * tu.cdiv(V, meta["BV"]),)  # noqa: E731
-        _kernel()[grid](
+        _kernel(min_bv)[grid](
             qq, kk, ww, oo, vv, dummy if gg is None else gg, dummy if gkk is None else gkk,
             dummy if tt is None else tt, dh, dummy if dh0 is None else dh0, dv2,
             dummy if cu is None else cu, dummy if off is None else off,

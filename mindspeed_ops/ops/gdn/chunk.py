@@ -20,7 +20,7 @@ from .. import side_stream
 from ..common import unit_last_stride
 from . import bwd_dhu, bwd_dqkwg, bwd_dv, cumsum, fwd_h, fwd_o, kkt, kkt_solve, solve_tril, wy_fast
 from . import qk_norm
-from .common import device_tables, zero_tail_rows
+from .common import device_tables, shared_v_tile, zero_tail_rows
 
 OP = "chunk_gated_delta_rule"
 L2_EPS = 1e-6  # SPEC 1.10.10: the in-kernel qk l2norm's eps
@@ -101,14 +101,17 @@ def backward(do, dht, q, k, v, g, beta, G, Ainv, initial_state, scale: float, us
         qn, kn = q, k
     w, u = wy_fast.forward(kn, v, beta, Ainv, G, None, cu_host, cu, idx)
     # the reverse scan (dh) does not read h: the recomputed forward scan runs beside dv_local and dhu where
-    # both scans fit on the SMs side by side (programs at the usual 32-wide V tile)
+    # both scans fit on the SMs side by side, each at a V tile that keeps it to half the SMs
     N, HV, V = (q.shape[0] if cu_host is None else len(cu_host) - 1), v.shape[2], v.shape[3]
     h, v_new = fwd_h.outputs(kn, u, BT, cu_host)  # on this stream, before the fork (side_stream's contract)
-    side = side_stream.fork(q.device, programs=N * HV * tu.cdiv(V, 32))
+    bv = shared_v_tile(q.device, N * HV, V)
+    side = side_stream.fork(q.device, programs=N * HV * tu.cdiv(V, bv))
+    min_bv = 0 if side is None else bv
     side_stream.on_side(side, fwd_h.forward, kn, w, u, G, None, initial_state, False, BT, True, cu_host,
-                        out=(h, v_new))
+                        out=(h, v_new), min_bv=min_bv)
     dv_local = bwd_dv.forward(qn, kn, do, G, scale, cu_host, cu, BT, idx)
-    dh, dh0, dv2 = bwd_dhu.forward(qn, kn, w, do, dv_local, G, None, initial_state, dht, scale, BT, cu_host)
+    dh, dh0, dv2 = bwd_dhu.forward(qn, kn, w, do, dv_local, G, None, initial_state, dht, scale, BT, cu_host,
+                                   min_bv=min_bv)
     side_stream.join(side)  # before any input of the side branch (u) is freed
     del dv_local, u  # the recomputed intermediates go as soon as their last stage has run (peak memory)
     # the l2norm backward of dq inside dqkwg where one program holds a whole row (no fp32 dq pass of its own)

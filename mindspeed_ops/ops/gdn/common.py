@@ -168,6 +168,15 @@ def scan_stages_fit(config, BT: int, K: int, k_row_bytes: int, v_row_bytes: int,
     return config.num_stages <= 2 or (half and config.num_stages * per_stage <= SCAN_STAGE_BYTES)
 
 
+def shared_v_tile(device: torch.device, programs_per_tile: int, V: int) -> int:
+    """The V tile (16 or 32) two state scans side by side on a device use (``ops/side_stream.py``): the narrowest at
+    which each scan's ``programs_per_tile · ceil(V / BV)`` programs fit in half the SMs, 32 when neither does. The
+    scans' own autotuners prefer 16-wide tiles where a scan runs alone (more programs, deeper pipelines), which
+    side by side would queue one scan's programs behind the other's (each takes an SM's shared memory)."""
+    half = tu.num_sms(device) // 2
+    return 16 if programs_per_tile * tu.cdiv(V, 16) <= half else 32
+
+
 def prune_v_tiles(configs, named_args, **kwargs):
     """Autotune prune shared by the chunk launchers: drop V tiles (``BV``) wider than V needs (V rounded
     up to a power of two, at least 32); keep at least one config."""

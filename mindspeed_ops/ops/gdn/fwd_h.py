@@ -1,6 +1,7 @@
 """``chunk_gated_delta_rule_fwd_h`` (SPEC 1.10.5): checks and launch of the inter-chunk state scan."""
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -103,7 +104,7 @@ def _configs():
             for bv, nw, ns in ((32, 4, 2), (64, 8, 2), (16, 4, 2), (32, 4, 3), (16, 4, 4), (32, 4, 4))]
 
 
-def _prune(configs, named_args, **kwargs):
+def _prune(configs, named_args, min_bv: int = 0, **kwargs):
     """Keep configs whose fp32 state (``NK·BK x BV``) is at most 64 registers a thread (more spills
     at K = 256), whose V tile is not wider than V needs, and (per-channel gates at K > 128) that stage
     only two chunks of tiles in shared memory (three overflow it at K = 256 or in fp32); 3+ stages only where
@@ -119,26 +120,30 @@ def _prune(configs, named_args, **kwargs):
     kept = [c for c in configs if state * c.kwargs["BV"] <= 64 * 32 * c.num_warps and c.kwargs["BV"] <= vmax
             and not (args["USE_GK"] and c.num_stages > 2
                      and (state > 128 or args["k_ptr"].element_size() > 2))  # gk tiles at K=256 or fp32: smem
-            and scan_stages_fit(c, args["BT"], state, k_row, args["u_ptr"].element_size(), half)]
+            and scan_stages_fit(c, args["BT"], state, k_row, args["u_ptr"].element_size(), half)
+            and c.kwargs["BV"] >= min(min_bv, vmax)]
     return kept or configs[:1]
 
 
-_KERNEL = None
+_KERNELS: dict = {}
 
 
-def _kernel():
+def _kernel(min_bv: int = 0):
     """The fwd_h kernel under a small autotuner over ``BV`` (16/32/64: few sequences x heads want
     narrow V tiles to fill the SMs, many want wide ones) and warps/stages. The key holds what changes
     the best choice except the number of sequences (varlen batches change it every step, and
-    re-tuning costs seconds)."""
-    global _KERNEL
-    if _KERNEL is None:
+    re-tuning costs seconds). ``min_bv``: V tiles narrower than this are left out (a scan that shares the
+    GPU with another keeps to its half of the SMs, ``common.shared_v_tile``); its own autotuner (Triton's disk
+    cache keys the kept configs, so the two never share a choice)."""
+    tuner = _KERNELS.get(min_bv)
+    if tuner is None:
         from .triton_fwd import chunk_fwd_h_kernel
 
-        _KERNEL = tu.autotune(_configs(), key=["HV", "GQ", "K", "BK", "V", "BT", "USE_G", "USE_GK", "HAS_H0",
-                                               "STORE_FINAL", "SAVE_VNEW", "IS_VARLEN", "HAS_RK", "KG"],
-                                prune_configs_by={"early_config_prune": _prune})(chunk_fwd_h_kernel)
-    return _KERNEL
+        tuner = _KERNELS[min_bv] = tu.autotune(
+            _configs(), key=["HV", "GQ", "K", "BK", "V", "BT", "USE_G", "USE_GK", "HAS_H0", "STORE_FINAL", "SAVE_VNEW",
+                             "IS_VARLEN", "HAS_RK", "KG"],
+            prune_configs_by={"early_config_prune": functools.partial(_prune, min_bv=min_bv)})(chunk_fwd_h_kernel)
+    return tuner
 
 
 def kernel_view(t: Optional[torch.Tensor], BT: int) -> Optional[torch.Tensor]:
@@ -165,10 +170,11 @@ def outputs(k, u, chunk_size: int, cu_host, save_new_value: bool = True):
 
 
 def forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_new_value, cu_host, rk=None,
-            k_gated: bool = False, out=None):
+            k_gated: bool = False, out=None, min_bv: int = 0):
     """Triton launch (arguments already validated); ``rk``: see ``kkt.forward``. ``k_gated`` (with ``gk``, no
     ``rk``): ``k`` is ``[B, T, HV, K]`` and already holds ``k ⊙ e^{Γ − G}`` (KDA's kg), so the scan reads only
-    each chunk's last gate row. ``out``: ``(h, v_new)`` from :func:`outputs` (made here when None)."""
+    each chunk's last gate row. ``out``: ``(h, v_new)`` from :func:`outputs` (made here when None). ``min_bv``: the
+    narrowest V tile the autotuner may pick (see :func:`_kernel`; 0: any)."""
     assert not k_gated or (gk is not None and rk is None and k.shape[2] == u.shape[2])
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
@@ -186,7 +192,7 @@ def forward(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_
         z3 = (0, 0, 0)
         r_ptr, *sr = row_factor_args(rk, dummy)
         grid = lambda meta: (N * HV * tu.cdiv(V, meta["BV"]),)  # noqa: E731
-        _kernel()[grid](
+        _kernel(min_bv)[grid](
             kk, ww, uu, dummy if gg is None else gg, dummy if gkk is None else gkk, dummy if h0 is None else h0,
             h, dummy if vn is None else vn, dummy if ht is None else ht, dummy if cu is None else cu,
             dummy if off is None else off, r_ptr,

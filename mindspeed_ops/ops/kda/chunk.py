@@ -26,7 +26,7 @@ from ... import backends
 from .. import side_stream
 from ..common import unit_last_stride
 from ..gdn.bwd_dhu import forward as _dhu_forward
-from ..gdn.common import device_tables, fold_value_heads, zero_tail_rows
+from ..gdn.common import device_tables, fold_value_heads, shared_v_tile, zero_tail_rows
 from ..gdn.cumsum import forward as _cumsum_forward
 from ..gdn.fwd_h import forward as _fwd_h_forward
 from ..gdn.fwd_h import outputs as _fwd_h_outputs
@@ -87,8 +87,11 @@ def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, u
     # programs a scan included: docs/benchmarks/kda.md); on one stream one launch makes dAq and dv_local
     h, v_new = _fwd_h_outputs(kg, u, BT, cu_host)  # on this stream, before the fork (side_stream's contract)
     side = side_stream.fork(q.device)
+    # side by side, each scan at a V tile that keeps it to half the SMs where it can (see gdn.common.shared_v_tile)
+    N = q.shape[0] if cu_host is None else len(cu_host) - 1
+    min_bv = 0 if side is None else shared_v_tile(q.device, N * v.shape[2], v.shape[3])
     side_stream.on_side(side, _fwd_h_forward, kg, w, u, None, G, initial_state, False, BT, True, cu_host,
-                        k_gated=True, out=(h, v_new))
+                        k_gated=True, out=(h, v_new), min_bv=min_bv)
     if side is None:
         dAq, dv_local = _bwd.dav_forward(v_new, do, Aqk, scale, cu_host, cu, idx)
     else:
@@ -96,7 +99,7 @@ def backward(do, dht, q, k, v, beta, G, Akk, Aqk, initial_state, scale: float, u
         side_stream.on_side(side, _bwd.dav_forward, v_new, do, Aqk, scale, cu_host, cu, idx, dv=False, dA_out=dAq)
         _, dv_local = _bwd.dav_forward(None, do, Aqk, scale, cu_host, cu, idx, dA=False)
     dh, dh0, dv2 = _dhu_forward(qg, kg, w, do, dv_local, None, G, initial_state, dht, scale, BT, cu_host,
-                                qk_gated=True)
+                                qk_gated=True, min_bv=min_bv)
     side_stream.join(side)  # before any input of the side branch (u, kg) is freed
     del dv_local, w, u, qg, kg  # the recomputed intermediates go as soon as their last stage has run (peak memory)
     dq, dk, dv, db, dG, dAm = _bwd.wy_dqkg_forward(qn, kn, v, v_new, G, beta, Akk, h, do, dh, dv2, scale, cu_host,

@@ -23,6 +23,29 @@ def test_no_fork_off_cuda_or_switched_off(monkeypatch):
     assert side_stream.on_side(None, torch.add, 1, 2) == 3
 
 
+def test_side_by_side_scans_keep_to_half_the_sms(monkeypatch):
+    """Two scans side by side take the narrowest V tile (16 or 32) at which each fits in half the SMs (the 132 of
+    the H200: 16 heads -> 32, 4 heads -> 16), and their autotuners then keep no narrower tile."""
+    from mindspeed_ops import triton_utils as tu
+    from mindspeed_ops.ops.gdn import bwd_dhu, fwd_h
+    from mindspeed_ops.ops.gdn.common import shared_v_tile
+
+    monkeypatch.setattr(tu, "num_sms", lambda device: 132)
+    dev = torch.device("cuda")
+    assert shared_v_tile(dev, 16, 128) == 32 and shared_v_tile(dev, 4, 128) == 16
+    assert shared_v_tile(dev, 64, 128) == 32  # neither fits: the fork is declined by its programs check
+    t = torch.empty(0, dtype=torch.bfloat16)
+    for mod, args in ((fwd_h, {"k_ptr": t, "w_ptr": t, "u_ptr": t, "KG": False}),
+                      (bwd_dhu, {n: t for n in ("q_ptr", "k_ptr", "w_ptr", "do_ptr", "dv_ptr")})):
+        named = {"V": 128, **args}
+        every = mod._prune(mod._configs(), named, BK=128, NK=1, BT=64, USE_GK=False)
+        shared = mod._prune(mod._configs(), named, min_bv=32, BK=128, NK=1, BT=64, USE_GK=False)
+        assert min(c.kwargs["BV"] for c in every) == 16 and shared
+        assert min(c.kwargs["BV"] for c in shared) == 32 and set(map(str, shared)) <= set(map(str, every))
+        narrow_v = mod._prune(mod._configs(), {**named, "V": 16}, min_bv=32, BK=128, NK=1, BT=64, USE_GK=False)
+        assert narrow_v, "V narrower than min_bv keeps the tiles V needs"
+
+
 @pytest.mark.gpu
 def test_fork_only_where_both_branches_fit():
     dev = torch.device("cuda")
