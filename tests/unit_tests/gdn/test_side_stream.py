@@ -51,10 +51,10 @@ def test_fork_only_where_both_branches_fit():
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     assert side_stream.fork(dev, programs=sms // 2 + 1) is None
+    x = torch.zeros(4, device=dev)  # queued before the fork, so the side stream's add waits for it
     side = side_stream.fork(dev, programs=sms // 2)
     assert side is not None and side.stream != torch.cuda.current_stream()
     device = torch.cuda.current_device()
-    x = torch.zeros(4, device=dev)
     side_stream.on_side(side, x.add_, 1)
     assert torch.cuda.current_stream() == side.main  # the caller's stream and device are current again
     assert torch.cuda.current_device() == device
