@@ -8,7 +8,8 @@ The launches of one forward+backward at a representative shape are recorded unde
 process, ``compile_check.Recorder(dry=True)``: nothing runs; fp16 recorded, swapped to bf16; 132 SMs, as the H200),
 compiled here with ``triton.compile`` and disassembled with ``nvdisasm`` from Triton's wheel. Per kernel: registers and spills, the
 MUFU ex2/rcp count, the exp (``FSETP < -126``) and division (``FSETP > 2^126``) fix-ups, and every loop (a label
-to its back-branch) with its instruction count. ``--out`` keeps the SASS files.
+to its back-branch) with its instruction count and, where it issues async copies, how many copy groups its waits
+leave in flight (0: every step waits for its own loads). ``--out`` keeps the SASS files.
 """
 import argparse
 import json
@@ -67,7 +68,11 @@ def record(op: str, path: str) -> None:
 
 
 def loops(sass: str) -> list:
-    """``(label, instructions, MUFU count)`` of every loop: a label and the backward branch to it."""
+    """``(label, instructions, MUFU count, async-copy waits)`` of every loop: a label and the backward branch to it.
+    The waits are the ``DEPBAR.LE SB0, N`` in the body (``cp.async.wait_group N``). A loop that issues its own copies
+    (``LDGSTS``) and waits with N = 0 waits for all of them every iteration: the copies for the next step are not
+    hidden behind this one. The twenty-eighth session found the state scans at 2 stages like this
+    (docs/benchmarks/gdn.md)."""
     lines = sass.split("\n")
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", line))}
     out = []
@@ -76,7 +81,9 @@ def loops(sass: str) -> list:
         if m and labels.get(m.group(1), i) < i:
             body = [b for b in lines[labels[m.group(1)]:i + 1] if _INSTR.match(b)]
             if len(body) > 1:
-                out.append((m.group(1), len(body), sum("MUFU" in b for b in body)))
+                waits = [int(w.group(1), 16) for b in body if (w := re.search(r"DEPBAR\.LE SB0, 0x([0-9a-f]+)", b))]
+                copies = sum("LDGSTS" in b for b in body)
+                out.append((m.group(1), len(body), sum("MUFU" in b for b in body), waits if copies else []))
     return sorted(out, key=lambda t: -t[1])
 
 
@@ -123,8 +130,9 @@ def main() -> None:
         usage = cc.resource_usage(kernel.asm["cubin"], kernel.asm.get("ptx"), args.arch)
         print(f"{launch.qualname} {launch.options_str()} {launch.constexpr_str()}")
         print(f"  regs {usage.get('regs')} spills {usage.get('spill_stores')} {summary(sass)}")
-        for label, n, mufu in loops(sass):
-            print(f"  loop {label}: {n} instructions, {mufu} MUFU")
+        for label, n, mufu, waits in loops(sass):
+            wait = f", waits for its copies down to {min(waits)} groups in flight" if waits else ""
+            print(f"  loop {label}: {n} instructions, {mufu} MUFU{wait}")
 
 
 if __name__ == "__main__":

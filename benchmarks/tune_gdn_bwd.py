@@ -153,8 +153,8 @@ def tune_scan(s, dev, which):
                            s["BT"], None)
 
     ref = run()
-    print(f"{which}: default (BK={common.scan_block_k(s['k'].shape[-1], s['dt'])}, autotuned): {_time(run, dev):8.1f} us",
-          flush=True)
+    bk = common.scan_block_k(s["k"].shape[-1], s["dt"])
+    print(f"{which}: default (BK, NK = {bk}, autotuned): {_time(run, dev):8.1f} us", flush=True)
 
     def apply(bk, bv, nw, ns):
         common.SCAN_BK_MAX = bk

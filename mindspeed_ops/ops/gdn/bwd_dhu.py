@@ -94,7 +94,7 @@ def _configs():
     import triton
 
     return [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
-            for bv, nw, ns in ((32, 4, 2), (16, 4, 2), (64, 8, 2), (32, 4, 1), (16, 4, 3), (32, 4, 3))]
+            for bv, nw, ns in ((32, 4, 2), (16, 4, 2), (64, 8, 2), (16, 4, 3), (32, 4, 3), (32, 4, 1))]  # last: fallback
 
 
 def _prune(configs, named_args, min_bv: int = 0, **kwargs):
@@ -104,9 +104,9 @@ def _prune(configs, named_args, min_bv: int = 0, **kwargs):
     ``K <= 128``, fp32 ``K <= 64``); wider rows run unpipelined, and only they: the pipelined and unpipelined
     builds round dv/dh differently (H200, fp32 K = V = 64: tests/unit_tests/core/test_autotune_bits.py), so a
     shape keeps one of the two (SPEC 0.6: a timing-based choice must not change the bits). 3 stages only where
-    their buffers fit (``common.scan_stages_fit``; 16-bit q, k, w): they hide each chunk step's loads (B1 T8192 H16 bf16 K = V = 128
-    on the H200: 181 µs at BV 16 vs 257 at 2 stages; T32768 H32: 811 µs at BV 32 vs 1133; the same bits,
-    benchmarks/tune_gdn_bwd.py)."""
+    their buffers fit (``common.scan_stages_fit``; 16-bit q, k, w): they hide each chunk step's loads (B1 T8192
+    H16 bf16 K = V = 128 on the H200: 181 µs at BV 16 vs 257 at 2 stages; T32768 H32: 811 µs at BV 32 vs 1133;
+    the same bits, benchmarks/tune_gdn_bwd.py)."""
     args = {**named_args, **kwargs}
     state = args["BK"] * args["NK"]
     row_bytes = state * args["q_ptr"].element_size()

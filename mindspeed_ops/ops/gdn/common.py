@@ -159,13 +159,15 @@ def scan_block_k(K: int, dtype: torch.dtype) -> tuple[int, int]:
 SCAN_STAGE_BYTES = 200 * 1024
 
 
-def scan_stages_fit(config, BT: int, K: int, k_row_bytes: int, v_row_bytes: int, half: bool) -> bool:
-    """Whether ``config`` may run: two or fewer stages always; more only with 16-bit inputs (``half``; fp32 tiles
-    are twice the bytes and were never timed deeper) whose chunk tiles fit :data:`SCAN_STAGE_BYTES`: per stage
-    ``BT`` rows of the K-wide tiles (``k_row_bytes`` per K column summed over them) and of the ``BV``-wide ones
-    (``v_row_bytes`` per column)."""
+def scan_stages_fit(config, BT: int, K: int, k_row_bytes: int, v_row_bytes: int, half: bool,
+                    free_stages: int = 2) -> bool:
+    """Whether ``config`` may run: up to ``free_stages`` stages always (the configurations a scan had before the
+    twenty-eighth session keep their own rules); more only with 16-bit inputs (``half``; fp32 tiles are twice the
+    bytes and were never timed deeper) whose chunk tiles fit :data:`SCAN_STAGE_BYTES`: per stage ``BT`` rows of the
+    K-wide tiles (``k_row_bytes`` per K column summed over them) and of the ``BV``-wide ones (``v_row_bytes`` per
+    column)."""
     per_stage = BT * (K * k_row_bytes + config.kwargs["BV"] * v_row_bytes)
-    return config.num_stages <= 2 or (half and config.num_stages * per_stage <= SCAN_STAGE_BYTES)
+    return config.num_stages <= free_stages or (half and config.num_stages * per_stage <= SCAN_STAGE_BYTES)
 
 
 def shared_v_tile(device: torch.device, programs_per_tile: int, V: int) -> int:

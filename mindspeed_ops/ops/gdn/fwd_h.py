@@ -107,10 +107,10 @@ def _configs():
 def _prune(configs, named_args, min_bv: int = 0, **kwargs):
     """Keep configs whose fp32 state (``NK·BK x BV``) is at most 64 registers a thread (more spills
     at K = 256), whose V tile is not wider than V needs, and (per-channel gates at K > 128) that stage
-    only two chunks of tiles in shared memory (three overflow it at K = 256 or in fp32); 3+ stages only where
-    their buffers fit (``common.scan_stages_fit``; 16-bit w and k). Deep pipelines hide each chunk step's loads: 4 stages at BV 16
-    took 126 µs vs 177 µs at BV 32 / 3 stages (B1 T8192 H16 bf16 K = V = 128, H200, benchmarks/tune_gdn_bwd.py);
-    all of them give the same bits there."""
+    only two chunks of tiles in shared memory (three overflow it at K = 256 or in fp32); 4 stages only where
+    their buffers fit (``common.scan_stages_fit``; 16-bit w and k). Deep pipelines hide each chunk step's loads:
+    4 stages at BV 16 took 126 µs vs 177 µs at BV 32 / 3 stages (B1 T8192 H16 bf16 K = V = 128, H200,
+    benchmarks/tune_gdn_bwd.py); all of them give the same bits there."""
     args = {**named_args, **kwargs}
     state = args["BK"] * args["NK"]
     vmax = max(32, tu.next_power_of_2(args["V"]))
@@ -120,7 +120,7 @@ def _prune(configs, named_args, min_bv: int = 0, **kwargs):
     kept = [c for c in configs if state * c.kwargs["BV"] <= 64 * 32 * c.num_warps and c.kwargs["BV"] <= vmax
             and not (args["USE_GK"] and c.num_stages > 2
                      and (state > 128 or args["k_ptr"].element_size() > 2))  # gk tiles at K=256 or fp32: smem
-            and scan_stages_fit(c, args["BT"], state, k_row, args["u_ptr"].element_size(), half)
+            and scan_stages_fit(c, args["BT"], state, k_row, args["u_ptr"].element_size(), half, free_stages=3)
             and c.kwargs["BV"] >= min(min_bv, vmax)]
     return kept or configs[:1]
 

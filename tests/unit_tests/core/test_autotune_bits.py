@@ -42,13 +42,19 @@ def _step(kda: bool, ins, cu_seqlens=None, chunk_size=64):
 
 
 def _autotuners():
-    """Every autotuner the library has built so far (module-level, made by ``triton_utils.autotune``)."""
+    """Every autotuner the library has built so far (made by ``triton_utils.autotune``): module attributes, and the
+    values of module-level dicts (the state scans keep one autotuner per narrowest V tile, ``fwd_h._KERNELS``)."""
+    def is_tuner(obj):
+        return hasattr(obj, "all_configs") and hasattr(obj, "prune_configs")
+
     found = {}
     for name, mod in list(sys.modules.items()):
         if name.startswith("mindspeed_ops.") and mod is not None:
-            for attr, obj in vars(mod).items():
-                if hasattr(obj, "all_configs") and hasattr(obj, "prune_configs"):
+            for attr, obj in list(vars(mod).items()):
+                if is_tuner(obj):
                     found[f"{name}.{attr}"] = obj
+                elif isinstance(obj, dict):
+                    found.update({f"{name}.{attr}[{k!r}]": v for k, v in list(obj.items()) if is_tuner(v)})
     return found
 
 

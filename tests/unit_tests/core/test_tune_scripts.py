@@ -13,6 +13,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 @pytest.mark.parametrize("args", [
     ["benchmarks/tune_kda.py", "--T", "64", "--H", "1", "--HV", "2", "--K", "16"],
     ["benchmarks/tune_gdn_bwd.py", "--T", "64", "--H", "1", "--HV", "2", "--K", "16", "--V", "16", "--only", "wy_bwd"],
+    ["benchmarks/tune_gdn_bwd.py", "--T", "64", "--H", "1", "--HV", "2", "--K", "16", "--V", "16", "--only", "fwd_h",
+     "dhu"],
     ["benchmarks/tune_kkt_solve.py", "--T", "40", "--H", "1", "--HV", "2", "--K", "16", "--BT", "32"],
     ["benchmarks/tune_chunk_loss.py", "--N", "48", "--Hd", "32", "--V", "100", "--chunk-sizes", "0", "16", "7"],
 ])

@@ -223,6 +223,14 @@ def test_no_gate_equals_zero_gate(poisoned):
         assert torch.allclose(x, y, rtol=1e-6, atol=1e-6)
 
 
+def test_one_block_state_with_gates_and_varlen(poisoned):
+    """fp16 K = 100 (the interpreter keeps fp16, so the state is one 128-row block, ``scan_block_k``) with
+    per-channel gates and varlen, and KDA's pre-gated q/k form."""
+    cu = [0, 37, 90]
+    check(build(1, 96, 1, 2, 100, 60, BT=32, cu=cu, gate="gk", s=0.1, seed=11), torch.float16, 32, cu, gate="gk")
+    check(build(1, 96, 1, 2, 100, 60, BT=32, cu=cu, seed=12), torch.float16, 32, cu)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_strong_decay_partial_chunk(dtype, poisoned):
     """``g = logsigmoid(rand)/0.01`` (G down to ~ −4000 in a chunk) with a partial last chunk: finite."""
@@ -255,7 +263,7 @@ def test_layouts_determinism_chunk_indices():
 
 
 @pytest.mark.parametrize("K,V,dtype", [(128, 128, torch.bfloat16), (64, 64, torch.float32), (256, 256, torch.float32),
-                                       (100, 60, torch.float16)])
+                                       (100, 60, torch.float16), (128, 16, torch.float32), (256, 16, torch.float16)])
 def test_autotune_space_is_all_pipelined_or_all_not(K, V, dtype):
     """Pipelined and unpipelined builds round dv/dh differently (H200, fp32 K = V = 64): a shape's autotune space
     keeps one of the two (SPEC 0.6: a timing-based choice must not change the bits)."""

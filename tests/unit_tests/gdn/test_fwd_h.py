@@ -95,6 +95,16 @@ def test_gk_variant(dtype, poisoned):
         assert_close("gk == g", x, y, threshold("LA-o", dtype))
 
 
+def test_one_block_state_with_gates_and_varlen(poisoned):
+    """fp16 K = 100 (the interpreter keeps fp16, so the state is one 128-row block, ``scan_block_k``) with
+    per-channel gates and varlen."""
+    cu = [0, 37, 90]
+    k, w, u, _, gk, h0 = make(1, 96, 1, 2, 100, 60, torch.float16, BT=32, gate="gk", cu=cu, seed=31)
+    check(k, w, u, gk=gk, h0=h0, BT=32, cu=cu)
+    k, w, u, g, _, h0 = make(1, 96, 1, 2, 100, 60, torch.float16, BT=32, cu=cu, seed=32)
+    check(k, w, u, g, h0=h0, BT=32, cu=cu)
+
+
 @pytest.mark.parametrize("T,BT", [(75, 64), (63, 16)])
 def test_strong_decay_finite(T, BT, poisoned):
     """g = logsigmoid(rand)/0.01 (≈ −31…−69 per token) with a partial last chunk: finite, within LA-o."""
