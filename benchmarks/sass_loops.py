@@ -25,8 +25,9 @@ sys.path.insert(0, ROOT)
 _INSTR = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
 
-def _run_op(op: str) -> None:
-    """One forward+backward of ``op`` at the shape its issue's benchmark uses (T short: T only sizes the grid)."""
+def _run_op(op: str, HV: int = 32) -> None:
+    """One forward+backward of ``op`` at the shape its issue's benchmark uses (T short: T only sizes the grid);
+    ``HV`` value heads over 16 q/k heads."""
     import torch
     import torch.nn.functional as F
 
@@ -38,7 +39,7 @@ def _run_op(op: str) -> None:
         y = api.causal_conv1d(x, w, activation="silu")[0]
         y.backward(torch.randn_like(y))
         return
-    B, T, H, HV, K = 1, 1024, 16, 32, 128
+    B, T, H, K = 1, 1024, 16, 128
     q, k = (torch.randn(B, T, H, K, dtype=dt, requires_grad=True) for _ in range(2))
     v = torch.randn(B, T, HV, K, dtype=dt, requires_grad=True)
     beta = torch.rand(B, T, HV, dtype=dt).requires_grad_()
@@ -51,13 +52,13 @@ def _run_op(op: str) -> None:
     o.backward(torch.randn_like(o))
 
 
-def record(op: str, path: str) -> None:
+def record(op: str, path: str, HV: int = 32) -> None:
     """(child process, interpreter) the op's launches, one per kernel, as bf16 launches in ``path``."""
     from mindspeed_ops import compile_check as cc
     from mindspeed_ops import triton_utils as tu
     tu.num_sms = lambda device: 132  # the H200's: the launchers size their grids (and tiles) by it
     with cc.Recorder(dry=True) as rec:
-        _run_op(op)
+        _run_op(op, HV)
     seen, out = set(), []
     for launch in rec.launches:
         if launch.qualname not in seen:
@@ -98,16 +99,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--op", required=True, choices=["causal_conv1d", "chunk_kda", "chunk_gated_delta_rule"])
     ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--hv", type=int, default=32, help="value heads over 16 q/k heads (16: equal heads)")
     ap.add_argument("--out", help="keep the .sass files here")
+    ap.add_argument("--kernels", nargs="+", help="only kernels whose name contains one of these")
     ap.add_argument("--record", help=argparse.SUPPRESS)  # internal: the interpreter child writes the launches here
     args = ap.parse_args()
     if args.record:
-        record(args.op, args.record)
+        record(args.op, args.record, args.hv)
         return
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "launches.json")
         env = dict(os.environ, TRITON_INTERPRET="1")
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--op", args.op, "--record", path], env=env,
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--op", args.op, "--hv", str(args.hv),
+                        "--record", path], env=env,
                        check=True)
         with open(path) as f:
             launches = json.load(f)
@@ -118,6 +122,8 @@ def main() -> None:
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     for d in launches:
         launch = cc.Launch.from_dict(d)
+        if args.kernels and not any(n in launch.qualname for n in args.kernels):
+            continue
         kernel = cc.compile_kernel(launch, args.arch)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
             cubin.write(kernel.asm["cubin"])

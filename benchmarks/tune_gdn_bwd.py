@@ -140,20 +140,26 @@ def tune_wy(s, dev, which):
 
 
 def tune_scan(s, dev, which):
+    """GDN's state scans on the pipeline's own tensors (scalar gates)."""
+    def run():
+        if which == "fwd_h":
+            return _m["fwd_h"].forward(s["k"], s["w"], s["u"], s["G"], None, None, False, s["BT"], True, None)
+        return _m["bwd_dhu"].forward(s["q"], s["k"], s["w"], s["do"], s["dv_local"], s["G"], None, None, None,
+                                     s["scale"], s["BT"], None)
+
+    sweep_scan(which, run, s["k"].shape[-1], s["dt"], dev)
+
+
+def sweep_scan(which, run, K, dt, dev):
+    """``run`` (one launch of the scan ``which``: fwd_h or dhu) per state block ``BKmax`` x ``(BV, warps, stages)``;
+    shared with tune_kda.py (per-channel gates)."""
     import triton
 
     from mindspeed_ops.ops.gdn import common
     mod = _m["fwd_h" if which == "fwd_h" else "bwd_dhu"]
     orig_cap, orig_configs = common.SCAN_BK_MAX, mod._configs
-
-    def run():
-        if which == "fwd_h":
-            return mod.forward(s["k"], s["w"], s["u"], s["G"], None, None, False, s["BT"], True, None)
-        return mod.forward(s["q"], s["k"], s["w"], s["do"], s["dv_local"], s["G"], None, None, None, s["scale"],
-                           s["BT"], None)
-
     ref = run()
-    bk = common.scan_block_k(s["k"].shape[-1], s["dt"])
+    bk = common.scan_block_k(K, dt)
     print(f"{which}: default (BK, NK = {bk}, autotuned): {_time(run, dev):8.1f} us", flush=True)
 
     def apply(bk, bv, nw, ns):

@@ -2,9 +2,10 @@
 (``kda_bwd_intra_kernel``, ``bwd.intra_bwd_config``) and the forward's Aqk + M kernel (``kda_aqk_fwd_kernel``,
 ``intra.aqk_config``): median us (``triton.testing.do_bench``) per ``(BK, warps)``; the WY/state backward
 (``kda_bwd_wy_dqkg_kernel``, ``bwd.wy_dqkg_config``) per ``(BK, BV, warps, stages)``; each checked against the
-default configuration's output (rel-RMS).
+default configuration's output (rel-RMS). ``--only fwd_h dhu``: the state scans with per-channel gates, as KDA
+launches them (``tune_gdn_bwd.sweep_scan``).
 
-    python3 benchmarks/tune_kda.py [--T 8192] [--H 16] [--HV 32] [--K 128] [--only intra_bwd aqk wy_dqkg]
+    python3 benchmarks/tune_kda.py [--T 8192] [--H 16] [--HV 32] [--K 128] [--only intra_bwd aqk wy_dqkg fwd_h dhu]
     python3 benchmarks/tune_kda.py --device cpu --T 128 --H 2 --HV 4 --K 32   # script check
 
 Inputs: unit q/k, per-channel ``g = logsigmoid`` and its chunk-local cumsum ``G``, sigmoid beta, random
@@ -19,7 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tune_gdn_bwd import _sweep, _time, shape_args  # noqa: E402
+from tune_gdn_bwd import _sweep, _time, shape_args, sweep_scan  # noqa: E402
 
 from mindspeed_ops.ops.gdn import cumsum  # noqa: E402
 from mindspeed_ops.ops.kda import bwd, intra  # noqa: E402
@@ -29,7 +30,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     shape_args(ap, ("T", "H", "HV", "K"))
     ap.add_argument("--only", nargs="+", default=["intra_bwd", "aqk", "wy_dqkg"],
-                    choices=["intra_bwd", "aqk", "wy_dqkg"])
+                    choices=["intra_bwd", "aqk", "wy_dqkg", "fwd_h", "dhu"])
     ap.add_argument("--wy-configs", nargs="+", default=None, metavar="BK,BV,WARPS,STAGES",
                     help="wy_dqkg configurations to time (default: the whole grid); each is also run a second "
                          "time and compared with its own first output (a race shows there)")
@@ -78,6 +79,28 @@ def main() -> None:
         _tune(intra, "aqk_config", run_aqk, dev, K, dt, configs)
     if "wy_dqkg" in a.only:
         _tune_wy_dqkg(q, k, G, beta, dev, dt, BT, a.wy_configs)
+    for which in ("fwd_h", "dhu"):
+        if which in a.only:
+            _tune_scan(which, q, k, G, dev, dt, BT)
+
+
+def _tune_scan(which, q, k, G, dev, dt, BT):
+    """KDA's state scans as its backward launches them: the per-value-head ``qg``/``kg`` of the Aqk kernel
+    (per-channel gates folded in, so the scans read each chunk's last gate row only); random unit-scale
+    ``w``, ``u``, ``do``, ``dv`` (timing and agreement between configurations only)."""
+    from mindspeed_ops.ops.gdn import bwd_dhu, fwd_h
+    B, T, H, K = q.shape
+    HV = G.shape[2]
+    _, qg, kg, _ = intra.aqk_forward(q, k, G, K ** -0.5, None, None, BT, None, store_a=False, store_qg=True,
+                                     store_kg=True)
+    w, u, do, dv = ((torch.randn(B, T, HV, K, device=dev) * 0.1).to(dt) for _ in range(4))
+
+    def run():
+        if which == "fwd_h":
+            return fwd_h.forward(kg, w, u, None, G, None, False, BT, True, None, k_gated=True)
+        return bwd_dhu.forward(qg, kg, w, do, dv, None, G, None, None, K ** -0.5, BT, None, qk_gated=True)
+
+    sweep_scan(which, run, K, dt, dev)
 
 
 def _tune_wy_dqkg(q, k, G, beta, dev, dt, BT, picked=None):
