@@ -160,7 +160,7 @@ def forward(q, k, w, do, dv, g, gk, h0, dht, scale, chunk_size, cu_host, qk_gate
     if cu_host is not None and cu_host[-1] < T:
         dv2[:, cu_host[-1]:].zero_()  # tail tokens take part in nothing
     if N and HV and V:
-        BK, NK = scan_block_k(K, qq.dtype)
+        BK, NK = scan_block_k(K, qq.dtype, one_block=gk is None)  # per-channel gates: 64-row blocks (faster)
         NK = max(1, NK)  # K = 0: one empty block (dS stays 0)
         dummy = qq
         z3 = (0, 0, 0)

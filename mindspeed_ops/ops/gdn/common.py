@@ -142,14 +142,17 @@ def sequence_chunks(cu_host: Optional[list], T: int, BT: int, device: torch.devi
 SCAN_BK_MAX = 128  # widest K block of the state scans (64: the layout before the twenty-eighth session; A/B switch)
 
 
-def scan_block_k(K: int, dtype: torch.dtype) -> tuple[int, int]:
+def scan_block_k(K: int, dtype: torch.dtype, one_block: bool = True) -> tuple[int, int]:
     """``(BK, NK)`` of the state scans (``fwd_h``, ``bwd_dhu``): the fp32 state ``[K, BV]`` held as ``NK``
-    register blocks of ``BK`` rows (>= 16 for ``tl.dot``). fp16/bf16 with ``64 < K <= 128``: one block, so each
-    chunk step stages the state in shared memory once and issues each product as one tensor-core group (two
-    blocks serialize on one staging buffer); otherwise blocks of at most 64 rows (fp32 tiles are twice the
-    bytes), up to four (``K <= 256``)."""
+    register blocks of ``BK`` rows (>= 16 for ``tl.dot``). fp16/bf16 with ``64 < K <= 128`` and ``one_block``: one
+    block, so each chunk step stages the state in shared memory once and issues each product as one tensor-core
+    group (two blocks serialize on one staging buffer); otherwise blocks of at most 64 rows (fp32 tiles are twice
+    the bytes), up to four (``K <= 256``). The reverse scan with per-channel gates asks for 64-row blocks
+    (``one_block=False``): KDA's dhu took 265 µs at BV 32 / 3 stages with two blocks vs 352 with one (B1 T8192 H16
+    bf16 K = V = 128, H200, ``benchmarks/tune_kda.py --only dhu``), where GDN's scalar-gate scans gain from one."""
     b = max(16, tu.next_power_of_2(K))
-    bk = 128 if b == 128 and SCAN_BK_MAX >= 128 and dtype in (torch.float16, torch.bfloat16) else min(64, b)
+    one = one_block and b == 128 and SCAN_BK_MAX >= 128 and dtype in (torch.float16, torch.bfloat16)
+    bk = 128 if one else min(64, b)
     return bk, tu.cdiv(K, bk)
 
 

@@ -224,8 +224,8 @@ def test_no_gate_equals_zero_gate(poisoned):
 
 
 def test_one_block_state_with_gates_and_varlen(poisoned):
-    """fp16 K = 100 (the interpreter keeps fp16, so the state is one 128-row block, ``scan_block_k``) with
-    per-channel gates and varlen, and KDA's pre-gated q/k form."""
+    """fp16 K = 100 (the interpreter keeps fp16) with varlen: scalar gates keep the state as one 128-row block,
+    per-channel gates (and KDA's pre-gated q/k form) as two 64-row blocks (``scan_block_k``)."""
     cu = [0, 37, 90]
     check(build(1, 96, 1, 2, 100, 60, BT=32, cu=cu, gate="gk", s=0.1, seed=11), torch.float16, 32, cu, gate="gk")
     check(build(1, 96, 1, 2, 100, 60, BT=32, cu=cu, seed=12), torch.float16, 32, cu)
@@ -288,10 +288,34 @@ def test_three_stages_only_where_they_fit(K, dtype, gk, deep):
     from mindspeed_ops.ops.gdn import bwd_dhu
     from mindspeed_ops.ops.gdn.common import scan_block_k
 
-    BK, NK = scan_block_k(K, dtype)
+    BK, NK = scan_block_k(K, dtype, one_block=not gk)
     kept = bwd_dhu._prune(bwd_dhu._configs(), _tile_args(dtype, 128), BK=BK, NK=NK, BT=64, USE_GK=gk)
     assert kept
     assert any(c.num_stages == 3 for c in kept) == deep, [str(c) for c in kept]
+
+
+@pytest.mark.parametrize("K,dtype,one_block,expected", [
+    (128, torch.bfloat16, True, (128, 1)), (128, torch.bfloat16, False, (64, 2)), (100, torch.float16, False, (64, 2)),
+    (128, torch.float32, True, (64, 2)), (256, torch.bfloat16, True, (64, 4)), (48, torch.bfloat16, False, (64, 1))])
+def test_state_blocks(K, dtype, one_block, expected):
+    """The scans' state blocks: one 128-row block for 16-bit 64 < K <= 128 (scalar gates), 64-row blocks for the
+    reverse scan with per-channel gates (KDA; faster on the H200), fp32 and K > 128."""
+    from mindspeed_ops.ops.gdn.common import scan_block_k
+
+    assert scan_block_k(K, dtype, one_block) == expected
+
+
+def test_per_channel_reverse_scan_uses_64_row_blocks(monkeypatch):
+    """chunk_gated_delta_rule_bwd_dhu asks for 64-row blocks with ``gk`` only (scalar gates keep one block)."""
+    from mindspeed_ops.ops.gdn import bwd_dhu
+
+    asked = []
+    real = bwd_dhu.scan_block_k
+    monkeypatch.setattr(bwd_dhu, "scan_block_k", lambda *a, **kw: asked.append(kw.get("one_block")) or real(*a, **kw))
+    for gate in ("g", "gk"):
+        d = build(1, 40, 1, 1, 32, 16, BT=16, gate=gate, seed=13)
+        check(d, torch.float32, 16, gate=gate)
+    assert asked == [True, False]
 
 
 def test_empty():
