@@ -150,16 +150,17 @@ def tune_scan(s, dev, which):
     sweep_scan(which, run, s["k"].shape[-1], s["dt"], dev)
 
 
-def sweep_scan(which, run, K, dt, dev):
+def sweep_scan(which, run, K, dt, dev, one_block=True):
     """``run`` (one launch of the scan ``which``: fwd_h or dhu) per state block ``BKmax`` x ``(BV, warps, stages)``;
-    shared with tune_kda.py (per-channel gates)."""
+    shared with tune_kda.py (per-channel gates). ``one_block``: as the launcher asks ``common.scan_block_k`` (False:
+    the state is always in 64-row blocks, so only ``BKmax`` 64 is swept)."""
     import triton
 
     from mindspeed_ops.ops.gdn import common
     mod = _m["fwd_h" if which == "fwd_h" else "bwd_dhu"]
     orig_cap, orig_configs = common.SCAN_BK_MAX, mod._configs
     ref = run()
-    bk = common.scan_block_k(K, dt)
+    bk = common.scan_block_k(K, dt, one_block)
     print(f"{which}: default (BK, NK = {bk}, autotuned): {_time(run, dev):8.1f} us", flush=True)
 
     def apply(bk, bv, nw, ns):
@@ -169,7 +170,8 @@ def sweep_scan(which, run, K, dt, dev):
 
     tiles = [(16, 4, 2), (16, 4, 3), (16, 4, 4), (32, 4, 2), (32, 4, 3), (32, 4, 4), (16, 2, 3), (16, 8, 3), (64, 8, 3)]
     try:
-        _sweep(run, ref, dev, ("BKmax", "BV", "warps", "stages"), apply, [(bk, *t) for bk in (128, 64) for t in tiles])
+        _sweep(run, ref, dev, ("BKmax", "BV", "warps", "stages"), apply,
+               [(bk, *t) for bk in ((128, 64) if one_block else (64,)) for t in tiles])
     finally:
         common.SCAN_BK_MAX, mod._configs = orig_cap, orig_configs
         mod._KERNELS.clear()

@@ -100,7 +100,7 @@ def _tune_scan(which, q, k, G, dev, dt, BT):
             return fwd_h.forward(kg, w, u, None, G, None, False, BT, True, None, k_gated=True)
         return bwd_dhu.forward(qg, kg, w, do, dv, None, G, None, None, K ** -0.5, BT, None, qk_gated=True)
 
-    sweep_scan(which, run, K, dt, dev)
+    sweep_scan(which, run, K, dt, dev, one_block=which == "fwd_h")  # dhu: 64-row blocks with per-channel gates
 
 
 def _tune_wy_dqkg(q, k, G, beta, dev, dt, BT, picked=None):
