@@ -69,7 +69,10 @@ def record(op: str, path: str, HV: int = 32) -> None:
 
 
 def loops(sass: str) -> list:
-    """``(label, instructions, MUFU count, async-copy waits)`` of every loop: a label and the backward branch to it.
+    """``(label, instructions, MUFU count, async-copy waits, plain loads)`` of every loop: a label and the backward
+    branch to it. Plain loads (``LDG``, not staged by the software pipeline) stall the first instruction that uses
+    them; in a scan's chain that is a global load's latency every step unless the value is loaded a step ahead
+    (the twenty-ninth session's per-channel gate rows, ``gdn.triton_kernels._gate_row``).
     The waits are the ``DEPBAR.LE SB0, N`` in the body (``cp.async.wait_group N``). A loop that issues its own copies
     (``LDGSTS``) and waits with N = 0 waits for all of them every iteration: the copies for the next step are not
     hidden behind this one. The twenty-eighth session found the state scans at 2 stages like this
@@ -84,7 +87,8 @@ def loops(sass: str) -> list:
             if len(body) > 1:
                 waits = [int(w.group(1), 16) for b in body if (w := re.search(r"DEPBAR\.LE SB0, 0x([0-9a-f]+)", b))]
                 copies = sum("LDGSTS" in b for b in body)
-                out.append((m.group(1), len(body), sum("MUFU" in b for b in body), waits if copies else []))
+                plain = sum(bool(re.search(r"\bLDG\.E", b)) for b in body)
+                out.append((m.group(1), len(body), sum("MUFU" in b for b in body), waits if copies else [], plain))
     return sorted(out, key=lambda t: -t[1])
 
 
@@ -136,9 +140,9 @@ def main() -> None:
         usage = cc.resource_usage(kernel.asm["cubin"], kernel.asm.get("ptx"), args.arch)
         print(f"{launch.qualname} {launch.options_str()} {launch.constexpr_str()}")
         print(f"  regs {usage.get('regs')} spills {usage.get('spill_stores')} {summary(sass)}")
-        for label, n, mufu, waits in loops(sass):
+        for label, n, mufu, waits, plain in loops(sass):
             wait = f", waits for its copies down to {min(waits)} groups in flight" if waits else ""
-            print(f"  loop {label}: {n} instructions, {mufu} MUFU{wait}")
+            print(f"  loop {label}: {n} instructions, {mufu} MUFU, {plain} plain loads{wait}")
 
 
 if __name__ == "__main__":
