@@ -72,7 +72,7 @@ def loops(sass: str) -> list:
     """``(label, instructions, MUFU count, async-copy waits, plain loads)`` of every loop: a label and the backward
     branch to it. Plain loads (``LDG``, not staged by the software pipeline) stall the first instruction that uses
     them; in a scan's chain that is a global load's latency every step unless the value is loaded a step ahead
-    (the twenty-ninth session's per-channel gate rows, ``gdn.triton_kernels._gate_row``).
+    (the scans' per-channel gate rows: branch ``gate-row-prefetch``, docs/STATUS.md).
     The waits are the ``DEPBAR.LE SB0, N`` in the body (``cp.async.wait_group N``). A loop that issues its own copies
     (``LDGSTS``) and waits with N = 0 waits for all of them every iteration: the copies for the next step are not
     hidden behind this one. The twenty-eighth session found the state scans at 2 stages like this
