@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ...triton_utils import i64
-from .triton_kernels import _chunk_bounds, _chunk_v_tile, _mm, _row_factor
+from .triton_kernels import _chunk_bounds, _chunk_v_tile, _gate_row, _mm, _row_factor
 
 
 # ------------------------------------------------------------------------------------------------
@@ -82,16 +82,15 @@ def _store_blk(base, i_kb, cols, K, nv, s_k, X, BK: tl.constexpr):
 
 
 @triton.jit
-def _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, i_kb, K, dS, BK: tl.constexpr, USE_GK: tl.constexpr,
+def _k_times_ds(k_c, gk_c, o_t, rmask, g_last, s_kt, s_gkt, i_kb, K, dS, BK: tl.constexpr, USE_GK: tl.constexpr,
                 QKG: tl.constexpr = False):
     """``(k_block [⊙ e^{Γ − G}]) @ dS_block`` ([BT, BV], fp32 accumulate; dS staged in k's dtype); ``QKG``: k
-    already holds ``k ⊙ e^{Γ − G}``."""
+    already holds ``k ⊙ e^{Γ − G}``. ``g_last``: the block's gate row ``Γ`` (``_gate_row``, loaded ahead)."""
     d = i_kb * BK + tl.arange(0, BK)
     dmask = d < K
     m = rmask[:, None] & dmask[None, :]
     b_k = tl.load(k_c + o_t[:, None] * s_kt + d[None, :], mask=m, other=0.0)
     if USE_GK and not QKG:
-        g_last = tl.load(gk_c + last * s_gkt + d, mask=dmask, other=0.0).to(tl.float32)
         b_gk = tl.load(gk_c + o_t[:, None] * s_gkt + d[None, :], mask=m, other=0.0).to(tl.float32)
         fac = tl.where(m, tl.exp(tl.where(m, g_last[None, :] - b_gk, 0.0)), 0.0)
         b_k = (b_k.to(tl.float32) * fac).to(b_k.dtype)
@@ -99,19 +98,18 @@ def _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, i_kb, K, dS, BK: tl.co
 
 
 @triton.jit
-def _ds_update(dS, q_c, w_c, gk_c, o_t, rmask, last, s_qt, s_wt, s_gkt, i_kb, K, b_do, b_dv2,
+def _ds_update(dS, q_c, w_c, gk_c, o_t, rmask, g_last, s_qt, s_wt, s_gkt, i_kb, K, b_do, b_dv2,
                BK: tl.constexpr, USE_GK: tl.constexpr, QKG: tl.constexpr = False):
     """``dS_block ← [diag(e^{Γ})] dS_block + (q_block [⊙ e^{G}])ᵀ b_do − w_blockᵀ b_dv2``. ``b_do`` is
     already scaled by ``scale`` (and ``e^{G_i}`` for scalar gates; the caller applies the scalar decay
     of dS); q and w are read transposed ([BK, BT]) straight from memory. ``QKG``: q already holds
-    ``q ⊙ e^{G}``."""
+    ``q ⊙ e^{G}``. ``g_last``: the block's gate row ``Γ`` (``_gate_row``, loaded ahead)."""
     d = i_kb * BK + tl.arange(0, BK)
     dmask = d < K
     m = dmask[:, None] & rmask[None, :]
     b_qt = tl.load(q_c + o_t[None, :] * s_qt + d[:, None], mask=m, other=0.0)
     b_wt = tl.load(w_c + o_t[None, :] * s_wt + d[:, None], mask=m, other=0.0)
     if USE_GK:
-        g_last = tl.load(gk_c + last * s_gkt + d, mask=dmask, other=0.0).to(tl.float32)
         if not QKG:
             b_gk = tl.load(gk_c + o_t[None, :] * s_gkt + d[:, None], mask=m, other=0.0).to(tl.float32)
             b_qt = (b_qt.to(tl.float32) * tl.where(m, tl.exp(tl.where(m, b_gk, 0.0)), 0.0)).to(b_qt.dtype)
@@ -186,27 +184,52 @@ def chunk_bwd_dhu_kernel(q_ptr, k_ptr, w_ptr, do_ptr, dv_ptr, g_ptr, gk_ptr, dht
             dS4 = _load_blk(t_base, 3, cols, K, nv, s_tk, BK)
 
     NTn = (eos - bos + BT - 1) // BT
+    # per-channel decay rows (the last chunk's: the sequence's last row), each loaded one step ahead (``_gate_row``)
+    gn1 = tl.zeros([BK], dtype=tl.float32)
+    gn2 = gn1
+    gn3 = gn1
+    gn4 = gn1
+    if USE_GK:
+        gn1 = _gate_row(gk_base, eos - 1, s_gkt, 0, K, eos > bos, BK)
+        if NK > 1:
+            gn2 = _gate_row(gk_base, eos - 1, s_gkt, 1, K, eos > bos, BK)
+        if NK > 2:
+            gn3 = _gate_row(gk_base, eos - 1, s_gkt, 2, K, eos > bos, BK)
+        if NK > 3:
+            gn4 = _gate_row(gk_base, eos - 1, s_gkt, 3, K, eos > bos, BK)
     for i_r in range(0, NTn):
         i_t = NTn - 1 - i64(i_r)
         start = bos + i_t * BT
         rmask = o_t < eos - start
         last = tl.minimum(eos - start, BT) - 1
+        gl1 = gn1
+        gl2 = gn2
+        gl3 = gn3
+        gl4 = gn4
+        if USE_GK:  # the previous chunk (a whole one) ends right before this one's start
+            gn1 = _gate_row(gk_base, start - 1, s_gkt, 0, K, i_t > 0, BK)
+            if NK > 1:
+                gn2 = _gate_row(gk_base, start - 1, s_gkt, 1, K, i_t > 0, BK)
+            if NK > 2:
+                gn3 = _gate_row(gk_base, start - 1, s_gkt, 2, K, i_t > 0, BK)
+            if NK > 3:
+                gn4 = _gate_row(gk_base, start - 1, s_gkt, 3, K, i_t > 0, BK)
         h_c = dh_ptr + i_b * s_hb + (boh + i_t) * s_hc + i_h * s_hh + v0
         q_c = q_base + start * s_qt
         k_c = k_base + start * s_kt
         w_c = w_base + start * s_wt
         gk_c = gk_base + start * s_gkt
         _store_blk(h_c, 0, cols, K, nv, s_hk, dS1, BK)
-        b_dv2 = _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 0, K, dS1, BK, USE_GK, QKG)
+        b_dv2 = _k_times_ds(k_c, gk_c, o_t, rmask, gl1, s_kt, s_gkt, 0, K, dS1, BK, USE_GK, QKG)
         if NK > 1:
             _store_blk(h_c, 1, cols, K, nv, s_hk, dS2, BK)
-            b_dv2 += _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 1, K, dS2, BK, USE_GK, QKG)
+            b_dv2 += _k_times_ds(k_c, gk_c, o_t, rmask, gl2, s_kt, s_gkt, 1, K, dS2, BK, USE_GK, QKG)
         if NK > 2:
             _store_blk(h_c, 2, cols, K, nv, s_hk, dS3, BK)
-            b_dv2 += _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 2, K, dS3, BK, USE_GK, QKG)
+            b_dv2 += _k_times_ds(k_c, gk_c, o_t, rmask, gl3, s_kt, s_gkt, 2, K, dS3, BK, USE_GK, QKG)
         if NK > 3:
             _store_blk(h_c, 3, cols, K, nv, s_hk, dS4, BK)
-            b_dv2 += _k_times_ds(k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 3, K, dS4, BK, USE_GK, QKG)
+            b_dv2 += _k_times_ds(k_c, gk_c, o_t, rmask, gl4, s_kt, s_gkt, 3, K, dS4, BK, USE_GK, QKG)
         vm = rmask[:, None] & cmask[None, :]
         b_do = tl.load(do_base + start * s_ot + o_t[:, None] * s_ot + cols[None, :], mask=vm, other=0.0)
         b_do = b_do.to(tl.float32) * scale
@@ -228,15 +251,15 @@ def chunk_bwd_dhu_kernel(q_ptr, k_ptr, w_ptr, do_ptr, dv_ptr, g_ptr, gk_ptr, dht
         b_dv2 += b_dv.to(tl.float32)
         tl.store(dv2_base + start * s_2t + o_t[:, None] * s_2t + cols[None, :], b_dv2.to(dv2_ptr.dtype.element_ty),
                  mask=vm)
-        dS1 = _ds_update(dS1, q_c, w_c, gk_c, o_t, rmask, last, s_qt, s_wt, s_gkt, 0, K, b_do, b_dv2, BK, USE_GK, QKG)
+        dS1 = _ds_update(dS1, q_c, w_c, gk_c, o_t, rmask, gl1, s_qt, s_wt, s_gkt, 0, K, b_do, b_dv2, BK, USE_GK, QKG)
         if NK > 1:
-            dS2 = _ds_update(dS2, q_c, w_c, gk_c, o_t, rmask, last, s_qt, s_wt, s_gkt, 1, K, b_do, b_dv2, BK,
+            dS2 = _ds_update(dS2, q_c, w_c, gk_c, o_t, rmask, gl2, s_qt, s_wt, s_gkt, 1, K, b_do, b_dv2, BK,
                              USE_GK, QKG)
         if NK > 2:
-            dS3 = _ds_update(dS3, q_c, w_c, gk_c, o_t, rmask, last, s_qt, s_wt, s_gkt, 2, K, b_do, b_dv2, BK,
+            dS3 = _ds_update(dS3, q_c, w_c, gk_c, o_t, rmask, gl3, s_qt, s_wt, s_gkt, 2, K, b_do, b_dv2, BK,
                              USE_GK, QKG)
         if NK > 3:
-            dS4 = _ds_update(dS4, q_c, w_c, gk_c, o_t, rmask, last, s_qt, s_wt, s_gkt, 3, K, b_do, b_dv2, BK,
+            dS4 = _ds_update(dS4, q_c, w_c, gk_c, o_t, rmask, gl4, s_qt, s_wt, s_gkt, 3, K, b_do, b_dv2, BK,
                              USE_GK, QKG)
 
     if STORE_DH0:

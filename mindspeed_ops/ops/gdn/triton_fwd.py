@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ...triton_utils import i64
-from .triton_kernels import _chunk_v_tile, _mm, _row_factor
+from .triton_kernels import _chunk_v_tile, _gate_row, _mm, _row_factor
 
 
 # ------------------------------------------------------------------------------------------------
@@ -45,13 +45,13 @@ def _w_times_state(w_c, o_t, rmask, s_wt, i_kb, K, S, BK: tl.constexpr):
 
 
 @triton.jit
-def _state_update(S, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, i_kb, K, b_v,
+def _state_update(S, k_c, gk_c, o_t, rmask, g_last, s_kt, s_gkt, i_kb, K, b_v,
                   BK: tl.constexpr, USE_GK: tl.constexpr, rk_c=None, s_rt=0, RK_ON_K: tl.constexpr = False,
                   KG: tl.constexpr = False):
     """``S_block ← [diag(e^{Γ})] S_block + (k_block [⊙ e^{Γ − G}])ᵀ b_v``; ``b_v`` is already scaled by
     the scalar factor ``e^{Γ − G_i}`` and cast to k's dtype; the scalar decay of S is applied by the
     caller. ``k`` is read transposed ([BK, BT]) straight from memory; ``k_c``/``gk_c`` point at the
-    chunk's first token, ``last`` is the chunk's last valid row. ``RK_ON_K``: k's columns are scaled by
+    chunk's first token, ``g_last`` is the block's gate row ``Γ`` (``_gate_row``, loaded ahead). ``RK_ON_K``: k's columns are scaled by
     the l2norm rstd at ``rk_c`` (fp32, then cast) instead of ``b_v`` (fp16: rstd·v_new can overflow).
     ``KG``: k already holds ``k ⊙ e^{Γ − G}`` (rounded to its dtype as here), only ``Γ`` is read."""
     d = i_kb * BK + tl.arange(0, BK)
@@ -61,7 +61,6 @@ def _state_update(S, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, i_kb, K, b_v,
     if RK_ON_K:
         b_kt = (b_kt.to(tl.float32) * _row_factor(rk_c, o_t, rmask, s_rt)[None, :]).to(b_v.dtype)
     if USE_GK:
-        g_last = tl.load(gk_c + last * s_gkt + d, mask=dmask, other=0.0).to(tl.float32)
         if not KG:
             b_gk = tl.load(gk_c + o_t[None, :] * s_gkt + d[:, None], mask=m, other=0.0).to(tl.float32)
             fac = tl.where(m, tl.exp(tl.where(m, g_last[:, None] - b_gk, 0.0)), 0.0)
@@ -142,10 +141,38 @@ def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr
 
     RK_ON_K: tl.constexpr = HAS_RK and k_ptr.dtype.element_ty == tl.float16  # see the docstring
     NTn = (eos - bos + BT - 1) // BT
+    # per-channel decay rows (the first chunk's here), each loaded one step ahead of its use (``_gate_row``)
+    gn1 = tl.zeros([BK], dtype=tl.float32)
+    gn2 = gn1
+    gn3 = gn1
+    gn4 = gn1
+    if USE_GK:
+        r0 = tl.minimum(eos, bos + BT) - 1
+        gn1 = _gate_row(gk_base, r0, s_gkt, 0, K, eos > bos, BK)
+        if NK > 1:
+            gn2 = _gate_row(gk_base, r0, s_gkt, 1, K, eos > bos, BK)
+        if NK > 2:
+            gn3 = _gate_row(gk_base, r0, s_gkt, 2, K, eos > bos, BK)
+        if NK > 3:
+            gn4 = _gate_row(gk_base, r0, s_gkt, 3, K, eos > bos, BK)
     for i_t in range(0, NTn):
         start = bos + i64(i_t) * BT
         rmask = o_t < eos - start
         last = tl.minimum(eos - start, BT) - 1
+        gl1 = gn1
+        gl2 = gn2
+        gl3 = gn3
+        gl4 = gn4
+        if USE_GK:  # this chunk's rows are in; the next chunk's (its last row: the sequence's end at most) go out
+            r1 = tl.minimum(eos, start + 2 * BT) - 1
+            more = start + BT < eos
+            gn1 = _gate_row(gk_base, r1, s_gkt, 0, K, more, BK)
+            if NK > 1:
+                gn2 = _gate_row(gk_base, r1, s_gkt, 1, K, more, BK)
+            if NK > 2:
+                gn3 = _gate_row(gk_base, r1, s_gkt, 2, K, more, BK)
+            if NK > 3:
+                gn4 = _gate_row(gk_base, r1, s_gkt, 3, K, more, BK)
         h_c = h_ptr + i_b * s_hb + (boh + i64(i_t)) * s_hc + i_h * s_hh + v0
         w_c = w_base + start * s_wt
         k_c = k_base + start * s_kt
@@ -185,16 +212,16 @@ def chunk_fwd_h_kernel(k_ptr, w_ptr, u_ptr, g_ptr, gk_ptr, h0_ptr, h_ptr, vn_ptr
         if HAS_RK and not RK_ON_K:
             b_v = b_v * _row_factor(rk_c, o_t, rmask, s_rt)[:, None]
         b_v = b_v.to(k_ptr.dtype.element_ty)
-        S1 = _state_update(S1, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 0, K, b_v, BK, USE_GK, rk_c, s_rt,
+        S1 = _state_update(S1, k_c, gk_c, o_t, rmask, gl1, s_kt, s_gkt, 0, K, b_v, BK, USE_GK, rk_c, s_rt,
                            RK_ON_K, KG)
         if NK > 1:
-            S2 = _state_update(S2, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 1, K, b_v, BK, USE_GK, rk_c, s_rt,
+            S2 = _state_update(S2, k_c, gk_c, o_t, rmask, gl2, s_kt, s_gkt, 1, K, b_v, BK, USE_GK, rk_c, s_rt,
                                RK_ON_K, KG)
         if NK > 2:
-            S3 = _state_update(S3, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 2, K, b_v, BK, USE_GK, rk_c, s_rt,
+            S3 = _state_update(S3, k_c, gk_c, o_t, rmask, gl3, s_kt, s_gkt, 2, K, b_v, BK, USE_GK, rk_c, s_rt,
                                RK_ON_K, KG)
         if NK > 3:
-            S4 = _state_update(S4, k_c, gk_c, o_t, rmask, last, s_kt, s_gkt, 3, K, b_v, BK, USE_GK, rk_c, s_rt,
+            S4 = _state_update(S4, k_c, gk_c, o_t, rmask, gl4, s_kt, s_gkt, 3, K, b_v, BK, USE_GK, rk_c, s_rt,
                                RK_ON_K, KG)
 
     if STORE_FINAL:

@@ -31,6 +31,16 @@ def _row_factor(base, rows, mask, s_t):
 
 
 @triton.jit
+def _gate_row(base, row, s_t, i_kb, K, ok, BK: tl.constexpr):
+    """Key columns ``[i_kb·BK, (i_kb+1)·BK)`` of the per-channel gate cumsum's row ``row`` (fp32; 0 where masked or
+    ``not ok``): the state scans' per-chunk decay ``e^{Γ}``. The scans load it one chunk step ahead: the software
+    pipeline does not stage such a row (a plain global load in the sm_90 loop, ``benchmarks/sass_loops.py``), so
+    loaded where it is used, every step of the scan's chain waited out its latency."""
+    d = i_kb * BK + tl.arange(0, BK)
+    return tl.load(base + row * s_t + d, mask=(d < K) & ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _chunk_v_tile(T, B, HV, V, cu_ptr, idx_ptr, BT: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr):
     """Program of a chunk kernel flattened as ``((chunk · B + batch) · HV + head) · NV + V-tile``:
     ``(chunk, batch, head, first token, sequence end, first V column, token offsets, token mask,

@@ -223,6 +223,14 @@ def test_no_gate_equals_zero_gate(poisoned):
         assert torch.allclose(x, y, rtol=1e-6, atol=1e-6)
 
 
+def test_gate_rows_ahead_at_sequence_edges(poisoned):
+    """The per-channel decay rows are loaded one chunk step ahead of the reverse scan (``_gate_row``): empty
+    sequences, one whole chunk, partial last chunks, sequences ending on a chunk boundary and tail tokens, two key
+    blocks (fp32 K = 80)."""
+    cu = [0, 0, 16, 16, 41, 64, 64, 70]
+    check(build(1, 72, 1, 2, 80, 24, BT=16, cu=cu, gate="gk", s=0.1, seed=41), torch.float32, 16, cu, gate="gk")
+
+
 def test_one_block_state_with_gates_and_varlen(poisoned):
     """fp16 K = 100 (the interpreter keeps fp16) with varlen: scalar gates keep the state as one 128-row block,
     per-channel gates (and KDA's pre-gated q/k form) as two 64-row blocks (``scan_block_k``)."""

@@ -95,6 +95,14 @@ def test_gk_variant(dtype, poisoned):
         assert_close("gk == g", x, y, threshold("LA-o", dtype))
 
 
+def test_gate_rows_ahead_at_sequence_edges(poisoned):
+    """The per-channel decay rows are loaded one chunk step ahead (``_gate_row``): empty sequences, one whole chunk,
+    partial last chunks, sequences ending on a chunk boundary and tail tokens, with two key blocks (fp32 K = 80)."""
+    cu = [0, 0, 16, 16, 41, 64, 64, 70]
+    k, w, u, _, gk, h0 = make(1, 72, 1, 2, 80, 24, torch.float32, BT=16, gate="gk", cu=cu, seed=41)
+    check(k, w, u, gk=gk, h0=h0, BT=16, cu=cu)
+
+
 def test_one_block_state_with_gates_and_varlen(poisoned):
     """fp16 K = 100 (the interpreter keeps fp16, so the state is one 128-row block, ``scan_block_k``) with
     per-channel gates and varlen."""
