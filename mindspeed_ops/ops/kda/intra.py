@@ -22,12 +22,14 @@ OP = "chunk_kda_fwd_intra"
 
 
 def aqk_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
-    """``(BK, num_warps)`` of the Aqk (and M) kernel; BK in [16, 32] (``tl.dot`` needs >= 16). 16-bit: 16 at 2
-    warps (H200 sweep, eleventh session: 835 vs 918 µs at 32 / 4 warps, docs/benchmarks/kda.md). fp32 at 8 warps
-    and BK = min(32, K rounded up to a power of two): at 4 it spills ~5 KB on sm_90 (compile-only check)."""
+    """``(BK, num_warps)`` of the Aqk (and M) kernel; BK >= 16 (``tl.dot``). 16-bit: 64 (K's power of two if
+    smaller) at 2 warps: the H200 sweep of the thirtieth session (``tune_kda.py --only aqk``, B1 T8192 H16) took
+    345 µs against 374 at BK 16 (the eleventh session's choice, 835 vs 918 µs at 32 / 4 warps then); 255 registers
+    and a few bytes of spill on sm_90, still the fastest (docs/benchmarks/kda.md). fp32 at 8 warps and
+    BK = min(32, K rounded up to a power of two): at 4 it spills ~5 KB on sm_90 (compile-only check)."""
     if dtype == torch.float32:
         return max(16, min(32, tu.next_power_of_2(K))), 8
-    return 16, 2
+    return max(16, min(64, tu.next_power_of_2(K))), 2
 
 
 def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float, cu_host: Optional[list],
