@@ -25,7 +25,8 @@ case $mode in
     for ref in "$@"; do
       name=${ref//\//_}
       commit=$(git rev-parse --short "$ref^{commit}") || { echo "gpu_ab.sh: not a commit: $ref" >&2; exit 2; }
-      git archive --format=tar -o ".ab/$name.tar" "$ref" || exit 1
+      # without docs/ (raw benchmark outputs: ~13 of 16 MB), so several trees fit the device tool's 64 MiB carry
+      git archive --format=tar -o ".ab/$name.tar" "$ref" -- . ':(exclude)docs' || exit 1
       echo "$name $commit" >> .ab/refs
     done
     cat .ab/refs ;;
