@@ -76,7 +76,7 @@ def main() -> None:
         return intra.aqk_forward(q, k, G, K ** -0.5, None, None, BT, None, beta=beta, store_kg=True, rq=rq, rk=rk)
 
     if "aqk" in a.only:
-        _tune(intra, "aqk_config", run_aqk, dev, K, dt, configs)
+        _tune(intra, "aqk_config", run_aqk, dev, K, dt, list(itertools.product((64, 128, 32), (2, 4, 1), (3, 1))))
     if "wy_dqkg" in a.only:
         _tune_wy_dqkg(q, k, G, beta, dev, dt, BT, a.wy_configs)
     for which in ("fwd_h", "dhu"):
@@ -142,7 +142,8 @@ def _tune(mod, name, run, dev, K, dt, configs):
     print(f"{name}: default {orig(K, dt)}: {_time(run, dev):8.1f} us", flush=True)
     ref = run()
     try:
-        _sweep(run, ref, dev, ("BK", "warps"), lambda bk, nw: setattr(mod, name, lambda *_: (bk, nw)), configs)
+        _sweep(run, ref, dev, ("BK", "warps", "stages")[:len(configs[0])],
+               lambda *cfg: setattr(mod, name, lambda *_: cfg), configs)
     finally:
         setattr(mod, name, orig)
 

@@ -21,15 +21,15 @@ from . import reference as _ref
 OP = "chunk_kda_fwd_intra"
 
 
-def aqk_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
-    """``(BK, num_warps)`` of the Aqk (and M) kernel; BK >= 16 (``tl.dot``). 16-bit: 64 (K's power of two if
+def aqk_config(K: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """``(BK, num_warps, num_stages)`` of the Aqk (and M) kernel; BK >= 16 (``tl.dot``). 16-bit: 64 (K's power of two if
     smaller) at 2 warps: the H200 sweep of the thirtieth session (``tune_kda.py --only aqk``, B1 T8192 H16) took
     345 µs against 374 at BK 16 (the eleventh session's choice, 835 vs 918 µs at 32 / 4 warps then); 255 registers
     and a few bytes of spill on sm_90, still the fastest (docs/benchmarks/kda.md). fp32 at 8 warps and
     BK = min(32, K rounded up to a power of two): at 4 it spills ~5 KB on sm_90 (compile-only check)."""
     if dtype == torch.float32:
-        return max(16, min(32, tu.next_power_of_2(K))), 8
-    return max(16, min(64, tu.next_power_of_2(K))), 2
+        return max(16, min(32, tu.next_power_of_2(K))), 8, 3
+    return max(16, min(64, tu.next_power_of_2(K))), 2, 3
 
 
 def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float, cu_host: Optional[list],
@@ -61,7 +61,7 @@ def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float
         dummy = kk
         z3 = (0, 0, 0)
         rq_ptr, rk_ptr, *sr = row_factor_pair_args("chunk_kda_fwd_intra", rq, rk, dummy)
-        BK, nw = aqk_config(K, kk.dtype)
+        BK, nw, ns = aqk_config(K, kk.dtype)
         m_args = {}
         if M is not None:
             bb = tu.kernel_input(beta)
@@ -74,7 +74,7 @@ def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float
             *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *(A.stride()[:3] if A is not None else z3),
             *(qg.stride()[:3] if qg is not None else z3), *(kg.stride()[:3] if kg is not None else z3), *sr,
             K=K, BT=BT, BK=BK, STORE_A=store_a, STORE_QG=store_qg, STORE_KG=store_kg,
-            IS_VARLEN=idx is not None, HAS_R=rq is not None, num_warps=nw, **m_args)
+            IS_VARLEN=idx is not None, HAS_R=rq is not None, num_warps=nw, num_stages=ns, **m_args)
     return tuple(None if t is None else tu.finish(t, dt) for t, dt in ((A, k.dtype), (qg, q.dtype), (kg, k.dtype),
                                                                        (M, torch.float32)))
 
