@@ -1,11 +1,12 @@
 """Launch configurations of KDA's three largest kernels at one shape: the intra-chunk backward
 (``kda_bwd_intra_kernel``, ``bwd.intra_bwd_config``) and the forward's Aqk + M kernel (``kda_aqk_fwd_kernel``,
-``intra.aqk_config``): median us (``triton.testing.do_bench``) per ``(BK, warps)``; the WY/state backward
+``intra.aqk_config``; ``--only qgkg``: the same kernel as the backward's elementwise qg/kg pass): median us
+(``triton.testing.do_bench``) per ``(BK, warps)`` (Aqk: ``(BK, warps, stages)``); the WY/state backward
 (``kda_bwd_wy_dqkg_kernel``, ``bwd.wy_dqkg_config``) per ``(BK, BV, warps, stages)``; each checked against the
 default configuration's output (rel-RMS). ``--only fwd_h dhu``: the state scans with per-channel gates, as KDA
 launches them (``tune_gdn_bwd.sweep_scan``).
 
-    python3 benchmarks/tune_kda.py [--T 8192] [--H 16] [--HV 32] [--K 128] [--only intra_bwd aqk wy_dqkg fwd_h dhu]
+    python3 benchmarks/tune_kda.py [--T 8192] [--H 16] [--HV 32] [--K 128] [--only intra_bwd aqk qgkg wy_dqkg fwd_h dhu]
     python3 benchmarks/tune_kda.py --device cpu --T 128 --H 2 --HV 4 --K 32   # script check
 
 Inputs: unit q/k, per-channel ``g = logsigmoid`` and its chunk-local cumsum ``G``, sigmoid beta, random
@@ -30,7 +31,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     shape_args(ap, ("T", "H", "HV", "K"))
     ap.add_argument("--only", nargs="+", default=["intra_bwd", "aqk", "wy_dqkg"],
-                    choices=["intra_bwd", "aqk", "wy_dqkg", "fwd_h", "dhu"])
+                    choices=["intra_bwd", "aqk", "qgkg", "wy_dqkg", "fwd_h", "dhu"])
     ap.add_argument("--wy-configs", nargs="+", default=None, metavar="BK,BV,WARPS,STAGES",
                     help="wy_dqkg configurations to time (default: the whole grid); each is also run a second "
                          "time and compared with its own first output (a race shows there)")
@@ -68,15 +69,23 @@ def main() -> None:
 
     if "intra_bwd" in a.only:
         print(f"copying dq/dk/dg/db (included below): {_time(fresh, dev):.1f} us", flush=True)
-        _tune(bwd, "intra_bwd_config", run, dev, K, dt, configs)
+        _tune(bwd, "intra_bwd_config", run, dev, (K, dt), configs)
     # as the forward calls it: Aqk, M and kg, q/k l2norm rstd folded in
     rq, rk = (torch.rand(B, T, H, device=dev) + 0.5 for _ in range(2))
 
     def run_aqk():
         return intra.aqk_forward(q, k, G, K ** -0.5, None, None, BT, None, beta=beta, store_kg=True, rq=rq, rk=rk)
 
+    def run_qgkg():  # the backward's elementwise pass (no Aqk): its own default
+        return intra.aqk_forward(q, k, G, K ** -0.5, None, None, BT, None, store_a=False, store_qg=True,
+                                 store_kg=True, rq=rq, rk=rk)
+
+    aqk_configs = list(itertools.product((64, 128, 32), (2, 4, 1), (3, 1)))
     if "aqk" in a.only:
-        _tune(intra, "aqk_config", run_aqk, dev, K, dt, list(itertools.product((64, 128, 32), (2, 4, 1), (3, 1))))
+        _tune(intra, "aqk_config", run_aqk, dev, (K, dt), aqk_configs)
+    if "qgkg" in a.only:
+        print("qg/kg pass (store_a=False):", flush=True)
+        _tune(intra, "aqk_config", run_qgkg, dev, (K, dt, False), aqk_configs)
     if "wy_dqkg" in a.only:
         _tune_wy_dqkg(q, k, G, beta, dev, dt, BT, a.wy_configs)
     for which in ("fwd_h", "dhu"):
@@ -137,9 +146,10 @@ def _tune_wy_dqkg(q, k, G, beta, dev, dt, BT, picked=None):
         bwd.wy_dqkg_config = orig
 
 
-def _tune(mod, name, run, dev, K, dt, configs):
+def _tune(mod, name, run, dev, default_args, configs):
+    """Sweep ``mod.name``'s configurations; ``default_args``: the config function's arguments for the default."""
     orig = getattr(mod, name)
-    print(f"{name}: default {orig(K, dt)}: {_time(run, dev):8.1f} us", flush=True)
+    print(f"{name}: default {orig(*default_args)}: {_time(run, dev):8.1f} us", flush=True)
     ref = run()
     try:
         _sweep(run, ref, dev, ("BK", "warps", "stages")[:len(configs[0])],

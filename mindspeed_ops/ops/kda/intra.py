@@ -21,15 +21,18 @@ from . import reference as _ref
 OP = "chunk_kda_fwd_intra"
 
 
-def aqk_config(K: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """``(BK, num_warps, num_stages)`` of the Aqk (and M) kernel; BK >= 16 (``tl.dot``). 16-bit: 64 (K's power of two if
-    smaller) at 2 warps: the H200 sweep of the thirtieth session (``tune_kda.py --only aqk``, B1 T8192 H16) took
-    345 µs against 374 at BK 16 (the eleventh session's choice, 835 vs 918 µs at 32 / 4 warps then); 255 registers
-    and a few bytes of spill on sm_90, still the fastest (docs/benchmarks/kda.md). fp32 at 8 warps and
-    BK = min(32, K rounded up to a power of two): at 4 it spills ~5 KB on sm_90 (compile-only check)."""
+def aqk_config(K: int, dtype: torch.dtype, store_a: bool = True) -> tuple[int, int, int]:
+    """``(BK, num_warps, num_stages)`` of the Aqk (and M) kernel; BK >= 16 (``tl.dot``). 16-bit: 32 (K's power of
+    two if smaller), one warp, 3 stages: the H200 sweep of the thirty-first session (``tune_kda.py --only aqk``, B1
+    T8192 H16, the kernel with 16-column key blocks) took 301 µs against 340 at the previous 64 / 2 warps (345 µs
+    before the column blocks; docs/benchmarks/kda.md); 233 registers, no spill on sm_90. fp32 at 8 warps and
+    BK = min(32, K rounded up to a power of two): at 4 it spills ~5 KB on sm_90 (compile-only check). Without
+    ``store_a`` (the backward's elementwise ``qg``/``kg`` pass) 64 at 2 warps (``tune_kda.py --only qgkg``)."""
     if dtype == torch.float32:
         return max(16, min(32, tu.next_power_of_2(K))), 8, 3
-    return max(16, min(64, tu.next_power_of_2(K))), 2, 3
+    if not store_a:
+        return max(16, min(64, tu.next_power_of_2(K))), 2, 3
+    return max(16, min(32, tu.next_power_of_2(K))), 1, 3
 
 
 def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float, cu_host: Optional[list],
@@ -61,7 +64,7 @@ def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float
         dummy = kk
         z3 = (0, 0, 0)
         rq_ptr, rk_ptr, *sr = row_factor_pair_args("chunk_kda_fwd_intra", rq, rk, dummy)
-        BK, nw, ns = aqk_config(K, kk.dtype)
+        BK, nw, ns = aqk_config(K, kk.dtype, store_a)
         m_args = {}
         if M is not None:
             bb = tu.kernel_input(beta)

@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 @pytest.mark.parametrize("args", [
     ["benchmarks/tune_kda.py", "--T", "64", "--H", "1", "--HV", "2", "--K", "16"],
-    ["benchmarks/tune_kda.py", "--T", "64", "--H", "1", "--HV", "2", "--K", "16", "--only", "fwd_h", "dhu"],
+    ["benchmarks/tune_kda.py", "--T", "64", "--H", "1", "--HV", "2", "--K", "16", "--only", "fwd_h", "dhu", "qgkg"],
     ["benchmarks/tune_gdn_bwd.py", "--T", "64", "--H", "1", "--HV", "2", "--K", "16", "--V", "16", "--only", "wy_bwd"],
     ["benchmarks/tune_gdn_bwd.py", "--T", "64", "--H", "1", "--HV", "2", "--K", "16", "--V", "16", "--only", "fwd_h",
      "dhu"],
