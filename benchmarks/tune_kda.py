@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--wy-configs", nargs="+", default=None, metavar="BK,BV,WARPS,STAGES",
                     help="wy_dqkg configurations to time (default: the whole grid); each is also run a second "
                          "time and compared with its own first output (a race shows there)")
+    ap.add_argument("--aqk-configs", nargs="+", default=None, metavar="BK,WARPS,STAGES",
+                    help="only these Aqk / qg-kg configurations (default: BK 32-128 x warps 1-4 x stages 1, 3)")
     ap.add_argument("--gate-s", type=float, default=None,
                     help="gates g = logsigmoid(u) / s, u ~ U(0, 1) with 20%% zeros (the shared recipe: s = 0.1); "
                          "default g = logsigmoid(randn)")
@@ -81,6 +83,8 @@ def main() -> None:
                                  store_kg=True, rq=rq, rk=rk)
 
     aqk_configs = list(itertools.product((64, 128, 32), (2, 4, 1), (3, 1)))
+    if a.aqk_configs:
+        aqk_configs = [tuple(int(x) for x in c.split(",")) for c in a.aqk_configs]
     if "aqk" in a.only:
         _tune(intra, "aqk_config", run_aqk, dev, (K, dt), aqk_configs)
     if "qgkg" in a.only:
