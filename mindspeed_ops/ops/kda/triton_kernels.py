@@ -7,11 +7,12 @@ last dim has unit stride: launchers pass ``unit_last_stride`` views); one progra
 row, value head), flattened onto grid axis 0 (``_program``; varlen chunks through ``chunk_indices``);
 rows past the sequence end are neither read (masked loads) nor written; fp32 math, one rounding on
 store; ``tl.dot`` operands in the key dtype (IEEE fp32 for fp32 inputs, tensor cores for 16-bit ones),
-fp32 accumulation; no ``tl.trans`` of a dot result (``_diag_block`` transposes one loaded [16, BK] tile).
+fp32 accumulation; no ``tl.trans`` of a dot result (``_diag_block`` loads its column operands transposed).
 
 Gate robustness (SPEC 1.11): per-channel decays ``e^{G_{i,d} − G_{j,d}}`` cannot leave the dot product.
-The chunk is cut into 16-row blocks; a diagonal 16x16 block's two 8x8 diagonal quarters get the exact per-pair
-exponential of the masked difference, its lower-left quarter factors through row 8. Across blocks, dots of factors
+The chunk is cut into 16-row blocks; inside a diagonal 16x16 block, the lower-left quarters of its 8-, 4-, 2- and
+1-row halvings each factor through their row sub-block's first row, and the diagonal pairs take ``e^0``. Across
+blocks, dots of factors
 ``e^{G_i − G_r}`` (rows ``i ≥ r``) and ``e^{G_r − G_j}`` (columns ``j < r``), with the reference ``r``
 the **first row of the row block**: both arguments are ``≤ 0`` for non-positive gates (gates down to
 −1000 never overflow), and no quantity a row uses depends on a later row (bitwise causality).
@@ -71,8 +72,8 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
     program looping over a chunk's four blocks took 1.04 ms at T = 8192, HV = 32 on the H200).
     Rows in 16-row blocks starting at ``r``: columns of earlier blocks (``j < r``), one 16-column block at a
     time, by ``tl.dot`` of ``q_i e^{G_i − G_r}`` (``k_i e^{G_i − G_r}``) with ``k_j e^{G_r − G_j}``; the diagonal
-    16x16 block by ``_diag_block`` (exact masked ``e^{G_i − G_t}`` for its two 8x8 diagonal quarters, the
-    lower-left one factorised through row 8), stored apart from the rest."""
+    16x16 block by ``_diag_block`` (recursive halving: each lower-left quarter through its row sub-block's
+    first row, the diagonal exact), stored apart from the rest."""
     i_b, i_h, i_hk, bi, start, eos, r0 = _row_block(BHV, HV, GRP, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
     if r0 < eos:
         o = tl.arange(0, BT)
@@ -539,6 +540,33 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
 
 
 @triton.jit
+def _diag_level(b_q, b_k, b_g, b_kt, b_gt, g_base, r0, eos, d, dm, s_gt, d_q, d_m, H: tl.constexpr,
+                STORE_M: tl.constexpr, EXACT: tl.constexpr):
+    """One level of ``_diag_block``: the pairs ``(i, j)`` of the block with ``i`` in the upper and ``j`` in the
+    lower ``H`` rows of the same ``2H``-row group, by one product through the upper half's first row ``c``:
+    ``(q_i e^{G_i − G_c}) · (k_j e^{G_c − G_j})``, both factors ``<= 1`` (``c`` is the first row of the row
+    sub-block: SPEC 1.11's off-diagonal rule); written into ``d_q`` (``d_m``) on those pairs only (``tl.where``:
+    a factor overflowed by gates outside SPEC 1.11 stays on its own pairs)."""
+    o16 = tl.arange(0, 16)
+    up = (o16 % (2 * H) >= H) & (r0 + o16 < eos)
+    c_i = r0 + (o16 // H) * H  # the row's reference: the first row of its H-row half
+    m_i = up[:, None] & dm[None, :]
+    g_ci = tl.load(g_base + c_i[:, None] * s_gt + d[None, :], mask=m_i, other=0.0).to(tl.float32)
+    f_i = _masked_exp(b_g - g_ci, m_i)
+    lo = (o16 % (2 * H) < H) & (r0 + (o16 // H + 1) * H < eos)
+    c_j = r0 + (o16 // H + 1) * H  # the column's reference: the first row of the next H-row half
+    m_j = dm[:, None] & lo[None, :]
+    g_cj = tl.load(g_base + c_j[None, :] * s_gt + d[:, None], mask=m_j, other=0.0).to(tl.float32)
+    b_kj = b_kt * _masked_exp(g_cj - b_gt, m_j)
+    pair = (o16 % (2 * H) >= H)[:, None] & (o16 % (2 * H) < H)[None, :] & \
+        ((o16 // (2 * H))[:, None] == (o16 // (2 * H))[None, :])
+    d_q = tl.where(pair, _dot_f32(b_q * f_i, b_kj, EXACT), d_q)
+    if STORE_M:
+        d_m = tl.where(pair, _dot_f32(b_k * f_i, b_kj, EXACT), d_m)
+    return d_q, d_m
+
+
+@triton.jit
 def _diag_block(k_base, g_base, b_q, b_k, b_g, r0, eos, d, dm, s_kt, s_gt, STORE_M: tl.constexpr,
                 EXACT: tl.constexpr):
     """One key tile's share of a diagonal 16x16 block of ``kda_aqk_fwd_kernel``: ``[16, 16]`` fp32
@@ -546,43 +574,21 @@ def _diag_block(k_base, g_base, b_q, b_k, b_g, r0, eos, d, dm, s_kt, s_gt, STORE
     ``STORE_M``; the caller masks M's diagonal), rows ``r0 + i``. ``b_q, b_k, b_g``: the block's ``[16, BK]``
     fp32 tiles (invalid rows zero).
 
-    The two 8x8 diagonal quarters column by column with exact masked exponentials, both at once as ``[2, 8, BK]``
-    (8 steps, where one ``[16, BK]`` step per column exponentiated every row, the masked half included); the
-    lower-left quarter (``i >= 8 > t``) factorised through row 8: ``e^{G_i − G_8}`` and ``e^{G_8 − G_t}`` are both
-    ``<= 1`` (SPEC 1.11), one product (IEEE for fp32 inputs, else TF32)."""
-    o2 = tl.arange(0, 2)
-    o8 = tl.arange(0, 8)
+    Recursive halving: the lower-left ``H x H`` quarter of every ``2H``-row group (``H`` = 8, 4, 2, 1) is an
+    off-diagonal sub-block, one product through its row sub-block's first row (``_diag_level``); what is left
+    is the diagonal, ``e^0 = 1``: ``q_i · k_i``. Five (nine with ``M``) ``[16, BK] x [BK, 16]`` products (IEEE
+    for fp32 inputs, else TF32: bf16/fp16 values are exact in TF32) and no reductions: the per-column exact
+    form (8 steps of ``[2, 8, BK]`` exponentials and sums) took half of this kernel's 300 µs (B1 T8192 H16,
+    H200, thirty-first session)."""
     o16 = tl.arange(0, 16)
-    rows3 = r0 + 8 * o2[:, None, None] + o8[None, :, None]  # [2, 8, 1]: rows 0-7 and 8-15
-    m3 = (rows3 < eos) & dm[None, None, :]
-    q3 = tl.reshape(b_q, [2, 8, b_q.shape[1]])  # the caller's tiles as two 8-row halves (not loaded again)
-    g3 = tl.reshape(b_g, [2, 8, b_g.shape[1]])
-    acc = tl.zeros([2, 8, 16], dtype=tl.float32)
-    acc_m = tl.zeros([2, 8, 16], dtype=tl.float32)
-    if STORE_M:
-        k3 = tl.reshape(b_k, [2, 8, b_k.shape[1]])
-    for t in range(8):
-        r_t = r0 + 8 * o2 + t  # [2]: column t of the upper quarter, 8 + t of the lower
-        mt = (r_t < eos)[:, None] & dm[None, :]
-        k_t = tl.load(k_base + r_t[:, None] * s_kt + d[None, :], mask=mt, other=0.0).to(tl.float32)
-        g_t = tl.load(g_base + r_t[:, None] * s_gt + d[None, :], mask=mt, other=0.0).to(tl.float32)
-        e_c = _masked_exp(g3 - g_t[:, None, :], m3 & (o8 >= t)[None, :, None] & mt[:, None, :]) * k_t[:, None, :]
-        at_t = o16[None, None, :] == (8 * o2[:, None, None] + t)
-        acc += tl.where(at_t, tl.sum(q3 * e_c, 2)[:, :, None], 0.0)
-        if STORE_M:
-            acc_m += tl.where(at_t, tl.sum(k3 * e_c, 2)[:, :, None], 0.0)
-    # lower-left quarter through row 8 (its G only when row 8 is inside the sequence: e^{G_8 − G_t} needs it)
-    r8 = r0 + 8
-    g8 = tl.load(g_base + r8 * s_gt + d, mask=dm & (r8 < eos), other=0.0).to(tl.float32)
-    vi = (r0 + o16) < eos
-    lower = (o16 >= 8)[:, None]
-    f_i = _masked_exp(b_g - g8[None, :], vi[:, None] & dm[None, :] & lower)
-    k_t = b_k * _masked_exp(g8[None, :] - b_g, vi[:, None] & dm[None, :] & ~lower & (r8 < eos))
-    # the product only on its quarter: gates outside SPEC 1.11 (rising G) may overflow a factor, and its NaN must
-    # not reach the exact quarters
-    ll = (o16 >= 8)[:, None] & (o16 < 8)[None, :]
-    d_q = tl.reshape(acc, [16, 16]) + tl.where(ll, _dot_f32(b_q * f_i, tl.trans(k_t), EXACT), 0.0)
-    d_m = d_q
-    if STORE_M:
-        d_m = tl.reshape(acc_m, [16, 16]) + tl.where(ll, _dot_f32(b_k * f_i, tl.trans(k_t), EXACT), 0.0)
+    rows = r0 + o16
+    m_t = dm[:, None] & (rows < eos)[None, :]
+    b_kt = tl.load(k_base + rows[None, :] * s_kt + d[:, None], mask=m_t, other=0.0).to(tl.float32)
+    b_gt = tl.load(g_base + rows[None, :] * s_gt + d[:, None], mask=m_t, other=0.0).to(tl.float32)
+    d_q = tl.where(o16[:, None] == o16[None, :], _dot_f32(b_q, b_kt, EXACT), 0.0)
+    d_m = tl.zeros([16, 16], dtype=tl.float32)
+    d_q, d_m = _diag_level(b_q, b_k, b_g, b_kt, b_gt, g_base, r0, eos, d, dm, s_gt, d_q, d_m, 8, STORE_M, EXACT)
+    d_q, d_m = _diag_level(b_q, b_k, b_g, b_kt, b_gt, g_base, r0, eos, d, dm, s_gt, d_q, d_m, 4, STORE_M, EXACT)
+    d_q, d_m = _diag_level(b_q, b_k, b_g, b_kt, b_gt, g_base, r0, eos, d, dm, s_gt, d_q, d_m, 2, STORE_M, EXACT)
+    d_q, d_m = _diag_level(b_q, b_k, b_g, b_kt, b_gt, g_base, r0, eos, d, dm, s_gt, d_q, d_m, 1, STORE_M, EXACT)
     return d_q, d_m
