@@ -585,10 +585,20 @@ def _diag_block(k_base, g_base, b_q, b_k, b_g, r0, eos, d, dm, s_kt, s_gt, STORE
     m_t = dm[:, None] & (rows < eos)[None, :]
     b_kt = tl.load(k_base + rows[None, :] * s_kt + d[:, None], mask=m_t, other=0.0).to(tl.float32)
     b_gt = tl.load(g_base + rows[None, :] * s_gt + d[:, None], mask=m_t, other=0.0).to(tl.float32)
-    d_q = tl.where(o16[:, None] == o16[None, :], _dot_f32(b_q, b_kt, EXACT), 0.0)
+    d_q = tl.zeros([16, 16], dtype=tl.float32)
     d_m = tl.zeros([16, 16], dtype=tl.float32)
     d_q, d_m = _diag_level(b_q, b_k, b_g, b_kt, b_gt, g_base, r0, eos, d, dm, s_gt, d_q, d_m, 8, STORE_M, EXACT)
     d_q, d_m = _diag_level(b_q, b_k, b_g, b_kt, b_gt, g_base, r0, eos, d, dm, s_gt, d_q, d_m, 4, STORE_M, EXACT)
-    d_q, d_m = _diag_level(b_q, b_k, b_g, b_kt, b_gt, g_base, r0, eos, d, dm, s_gt, d_q, d_m, 2, STORE_M, EXACT)
-    d_q, d_m = _diag_level(b_q, b_k, b_g, b_kt, b_gt, g_base, r0, eos, d, dm, s_gt, d_q, d_m, 1, STORE_M, EXACT)
+    grp = o16 // 4
+    in_g = o16 % 4
+    for t in range(4):  # the 4x4 diagonal groups, exact: step t, column y = the t-th row of the row's group
+        y = r0 + grp * 4 + t
+        m = ((in_g >= t) & (rows < eos))[:, None] & dm[None, :]
+        k_y = tl.load(k_base + y[:, None] * s_kt + d[None, :], mask=m, other=0.0).to(tl.float32)
+        g_y = tl.load(g_base + y[:, None] * s_gt + d[None, :], mask=m, other=0.0).to(tl.float32)
+        e = _masked_exp(b_g - g_y, m) * k_y
+        at = o16[None, :] == (grp * 4 + t)[:, None]
+        d_q = tl.where(at, tl.sum(b_q * e, 1)[:, None], d_q)
+        if STORE_M:
+            d_m = tl.where(at, tl.sum(b_k * e, 1)[:, None], d_m)
     return d_q, d_m
