@@ -23,9 +23,10 @@ OP = "chunk_kda_fwd_intra"
 
 def aqk_config(K: int, dtype: torch.dtype, store_a: bool = True) -> tuple[int, int, int]:
     """``(BK, num_warps, num_stages)`` of the Aqk (and M) kernel; BK >= 16 (``tl.dot``). 16-bit: 32 (K's power of
-    two if smaller), one warp, 3 stages: the H200 sweep of the thirty-first session (``tune_kda.py --only aqk``, B1
-    T8192 H16, the kernel with 16-column key blocks) took 301 µs against 340 at the previous 64 / 2 warps (345 µs
-    before the column blocks; docs/benchmarks/kda.md); 233 registers, no spill on sm_90. fp32 at 8 warps and
+    two if smaller), one warp, 3 stages: the H200 sweeps of the thirty-first session (``tune_kda.py --only aqk``,
+    the kernel with 16-column key blocks): B1 T8192 H16 301 µs against 340 at the previous 64 / 2 warps (345 µs
+    before the column blocks), 259 µs with the diagonal block's 4x4 groups (4-28 bytes of spill on sm_90), and
+    T32768 H32 2.24 ms against 2.31 at BK 128 / 2 warps / 1 stage (docs/benchmarks/kda.md). fp32 at 8 warps and
     BK = min(32, K rounded up to a power of two): at 4 it spills ~5 KB on sm_90 (compile-only check). Without
     ``store_a`` (the backward's elementwise ``qg``/``kg`` pass) 64 at 2 warps (``tune_kda.py --only qgkg``)."""
     if dtype == torch.float32:

@@ -10,9 +10,9 @@ store; ``tl.dot`` operands in the key dtype (IEEE fp32 for fp32 inputs, tensor c
 fp32 accumulation; no ``tl.trans`` of a dot result (``_diag_block`` loads its column operands transposed).
 
 Gate robustness (SPEC 1.11): per-channel decays ``e^{G_{i,d} − G_{j,d}}`` cannot leave the dot product.
-The chunk is cut into 16-row blocks; inside a diagonal 16x16 block, the lower-left quarters of its 8-, 4-, 2- and
-1-row halvings each factor through their row sub-block's first row, and the diagonal pairs take ``e^0``. Across
-blocks, dots of factors
+The chunk is cut into 16-row blocks; inside a diagonal 16x16 block, the lower-left quarters of its 8- and 4-row
+halvings each factor through their row sub-block's first row, and the pairs inside its four 4x4 diagonal groups
+get the exact per-pair exponential of the masked difference. Across blocks, dots of factors
 ``e^{G_i − G_r}`` (rows ``i ≥ r``) and ``e^{G_r − G_j}`` (columns ``j < r``), with the reference ``r``
 the **first row of the row block**: both arguments are ``≤ 0`` for non-positive gates (gates down to
 −1000 never overflow), and no quantity a row uses depends on a later row (bitwise causality).
@@ -72,8 +72,8 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
     program looping over a chunk's four blocks took 1.04 ms at T = 8192, HV = 32 on the H200).
     Rows in 16-row blocks starting at ``r``: columns of earlier blocks (``j < r``), one 16-column block at a
     time, by ``tl.dot`` of ``q_i e^{G_i − G_r}`` (``k_i e^{G_i − G_r}``) with ``k_j e^{G_r − G_j}``; the diagonal
-    16x16 block by ``_diag_block`` (recursive halving: each lower-left quarter through its row sub-block's
-    first row, the diagonal exact), stored apart from the rest."""
+    16x16 block by ``_diag_block`` (two halvings, each lower-left quarter through its row sub-block's first
+    row, then exact 4x4 diagonal groups), stored apart from the rest."""
     i_b, i_h, i_hk, bi, start, eos, r0 = _row_block(BHV, HV, GRP, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
     if r0 < eos:
         o = tl.arange(0, BT)
@@ -574,12 +574,15 @@ def _diag_block(k_base, g_base, b_q, b_k, b_g, r0, eos, d, dm, s_kt, s_gt, STORE
     ``STORE_M``; the caller masks M's diagonal), rows ``r0 + i``. ``b_q, b_k, b_g``: the block's ``[16, BK]``
     fp32 tiles (invalid rows zero).
 
-    Recursive halving: the lower-left ``H x H`` quarter of every ``2H``-row group (``H`` = 8, 4, 2, 1) is an
-    off-diagonal sub-block, one product through its row sub-block's first row (``_diag_level``); what is left
-    is the diagonal, ``e^0 = 1``: ``q_i · k_i``. Five (nine with ``M``) ``[16, BK] x [BK, 16]`` products (IEEE
-    for fp32 inputs, else TF32: bf16/fp16 values are exact in TF32) and no reductions: the per-column exact
-    form (8 steps of ``[2, 8, BK]`` exponentials and sums) took half of this kernel's 300 µs (B1 T8192 H16,
-    H200, thirty-first session)."""
+    Two halvings, then exact groups: the lower-left 8x8 quarter and the lower-left 4x4 quarters of both 8-row
+    halves are off-diagonal sub-blocks, one product each through its row sub-block's first row (``_diag_level``,
+    IEEE for fp32 inputs, else TF32: bf16/fp16 values are exact in TF32); the four 4x4 diagonal groups get the
+    exact masked ``e^{G_x − G_y}`` per pair, four ``[16, BK]`` steps (step ``t``: each row against the ``t``-th
+    row of its group). H200, B1 T8192 H16, thirty-first session (``tune_kda.py --only aqk``): the kernel took
+    259 µs against 301 with exact 8x8 quarters (8 steps of ``[2, 8, BK]`` exponentials and sums: half of the
+    kernel) and 317-459 µs with every level down to the diagonal as products (no reductions, but 255 registers
+    and 140-300 bytes of spill at one warp).
+    """
     o16 = tl.arange(0, 16)
     rows = r0 + o16
     m_t = dm[:, None] & (rows < eos)[None, :]

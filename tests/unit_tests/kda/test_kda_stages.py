@@ -225,8 +225,8 @@ def test_real_stages_bf16(shape, BT, cu):
 
 def test_aqk_diagonal_quarters_keep_a_rising_gate_local():
     """A rising G (outside SPEC 1.11's non-positive gates) at row 8 of a 16-row block overflows the factor of the
-    diagonal block's lower-left quarter; the exact quarters (rows 0-7, and rows 9-15 against columns 8-15) must not
-    see it."""
+    diagonal block's lower-left 8x8 quarter; the other sub-blocks (rows 0-7, and rows 9-15 against columns 8-15:
+    4x4 quarters through rows 4 and 12, exact 4x4 groups) must not see it."""
     from mindspeed_ops.ops.kda import intra
 
     T, K, BT = 32, 16, 32
