@@ -125,7 +125,7 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                 if STORE_M:
                     tl.store(m_base + ri[:, None] * s_mt + (c * 16 + o16)[None, :],
                              (acc_m * b_bi[:, None]).to(m_ptr.dtype.element_ty), mask=vi[:, None])
-            # the diagonal 16x16 block, key tile by key tile (exact per-column quarters, one factorised quarter)
+            # the diagonal 16x16 block, key tile by key tile (halvings by products, exact 4x4 groups: _diag_block)
             b_d = tl.zeros([16, 16], dtype=tl.float32)
             b_dm = tl.zeros([16, 16], dtype=tl.float32)
             for i_k in range((K + BK - 1) // BK):
