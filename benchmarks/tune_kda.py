@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--wy-configs", nargs="+", default=None, metavar="BK,BV,WARPS,STAGES",
                     help="wy_dqkg configurations to time (default: the whole grid); each is also run a second "
                          "time and compared with its own first output (a race shows there)")
+    ap.add_argument("--intra-configs", nargs="+", default=None, metavar="BK,WARPS",
+                    help="only these intra-backward configurations (default: BK 16-64 x warps 2-8)")
     ap.add_argument("--aqk-configs", nargs="+", default=None, metavar="BK,WARPS,STAGES",
                     help="only these Aqk / qg-kg configurations (default: BK 32-128 x warps 1-4 x stages 1, 3)")
     ap.add_argument("--gate-s", type=float, default=None,
@@ -62,6 +64,8 @@ def main() -> None:
           flush=True)
 
     configs = list(itertools.product((32, 64, 16), (4, 8, 2)))
+    if a.intra_configs:
+        configs = [tuple(int(x) for x in c.split(",")) for c in a.intra_configs]
 
     def fresh():
         return [b.clone() for b in bufs]
