@@ -576,7 +576,8 @@ def _diag_block(k_base, g_base, b_q, b_k, b_g, r0, eos, d, dm, s_kt, s_gt, STORE
 
     Two halvings, then exact groups: the lower-left 8x8 quarter and the lower-left 4x4 quarters of both 8-row
     halves are off-diagonal sub-blocks, one product each through its row sub-block's first row (``_diag_level``,
-    IEEE for fp32 inputs, else TF32: bf16/fp16 values are exact in TF32); the four 4x4 diagonal groups get the
+    IEEE for fp32 inputs, else TF32: the factored operands round to 10 mantissa bits, finer than the 16-bit
+    operands of the earlier column blocks' products); the four 4x4 diagonal groups get the
     exact masked ``e^{G_x − G_y}`` per pair, four ``[16, BK]`` steps (step ``t``: each row against the ``t``-th
     row of its group). H200, B1 T8192 H16, thirty-first session (``tune_kda.py --only aqk``): the kernel took
     259 µs against 301 with exact 8x8 quarters (8 steps of ``[2, 8, BK]`` exponentials and sums: half of the
