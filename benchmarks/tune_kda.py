@@ -27,17 +27,22 @@ from mindspeed_ops.ops.gdn import cumsum  # noqa: E402
 from mindspeed_ops.ops.kda import bwd, intra  # noqa: E402
 
 
+def _config(text: str) -> tuple:
+    """``"32,1,3"`` -> ``(32, 1, 3)``: one launch configuration on the command line."""
+    return tuple(int(x) for x in text.split(","))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     shape_args(ap, ("T", "H", "HV", "K"))
     ap.add_argument("--only", nargs="+", default=["intra_bwd", "aqk", "wy_dqkg"],
                     choices=["intra_bwd", "aqk", "qgkg", "wy_dqkg", "fwd_h", "dhu"])
-    ap.add_argument("--wy-configs", nargs="+", default=None, metavar="BK,BV,WARPS,STAGES",
+    ap.add_argument("--wy-configs", nargs="+", type=_config, default=None, metavar="BK,BV,WARPS,STAGES",
                     help="wy_dqkg configurations to time (default: the whole grid); each is also run a second "
                          "time and compared with its own first output (a race shows there)")
-    ap.add_argument("--intra-configs", nargs="+", default=None, metavar="BK,WARPS",
+    ap.add_argument("--intra-configs", nargs="+", type=_config, default=None, metavar="BK,WARPS",
                     help="only these intra-backward configurations (default: BK 16-64 x warps 2-8)")
-    ap.add_argument("--aqk-configs", nargs="+", default=None, metavar="BK,WARPS,STAGES",
+    ap.add_argument("--aqk-configs", nargs="+", type=_config, default=None, metavar="BK,WARPS,STAGES",
                     help="only these Aqk / qg-kg configurations (default: BK 32-128 x warps 1-4 x stages 1, 3)")
     ap.add_argument("--gate-s", type=float, default=None,
                     help="gates g = logsigmoid(u) / s, u ~ U(0, 1) with 20%% zeros (the shared recipe: s = 0.1); "
@@ -63,9 +68,7 @@ def main() -> None:
           f"{'logsigmoid(randn)' if a.gate_s is None else f'logsigmoid(U) / {a.gate_s}'}; torch {torch.__version__}",
           flush=True)
 
-    configs = list(itertools.product((32, 64, 16), (4, 8, 2)))
-    if a.intra_configs:
-        configs = [tuple(int(x) for x in c.split(",")) for c in a.intra_configs]
+    configs = a.intra_configs or list(itertools.product((32, 64, 16), (4, 8, 2)))
 
     def fresh():
         return [b.clone() for b in bufs]
@@ -86,9 +89,7 @@ def main() -> None:
         return intra.aqk_forward(q, k, G, K ** -0.5, None, None, BT, None, store_a=False, store_qg=True,
                                  store_kg=True, rq=rq, rk=rk)
 
-    aqk_configs = list(itertools.product((64, 128, 32), (2, 4, 1), (3, 1)))
-    if a.aqk_configs:
-        aqk_configs = [tuple(int(x) for x in c.split(",")) for c in a.aqk_configs]
+    aqk_configs = a.aqk_configs or list(itertools.product((64, 128, 32), (2, 4, 1), (3, 1)))
     if "aqk" in a.only:
         _tune(intra, "aqk_config", run_aqk, dev, (K, dt), aqk_configs)
     if "qgkg" in a.only:
@@ -137,7 +138,7 @@ def _tune_wy_dqkg(q, k, G, beta, dev, dt, BT, picked=None):
     ref = run()
     configs = [c for c in itertools.product((32, 64), (32, 64, 128), (4, 8), (1, 2, 3)) if c[:2] != (64, 128)]
     if picked:
-        configs = [tuple(int(x) for x in c.split(",")) for c in picked]
+        configs = picked
 
     def apply(bk, bv, nw, ns):
         bwd.wy_dqkg_config = lambda *_: (bk, bv, nw, ns)

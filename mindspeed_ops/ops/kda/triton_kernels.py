@@ -553,8 +553,8 @@ def _diag_level(b_q, b_k, b_g, b_kt, b_gt, g_base, r0, eos, d, dm, s_gt, d_q, d_
     m_i = up[:, None] & dm[None, :]
     g_ci = tl.load(g_base + c_i[:, None] * s_gt + d[None, :], mask=m_i, other=0.0).to(tl.float32)
     f_i = _masked_exp(b_g - g_ci, m_i)
-    lo = (o16 % (2 * H) < H) & (r0 + (o16 // H + 1) * H < eos)
     c_j = r0 + (o16 // H + 1) * H  # the column's reference: the first row of the next H-row half
+    lo = (o16 % (2 * H) < H) & (c_j < eos)
     m_j = dm[:, None] & lo[None, :]
     g_cj = tl.load(g_base + c_j[None, :] * s_gt + d[:, None], mask=m_j, other=0.0).to(tl.float32)
     b_kj = b_kt * _masked_exp(g_cj - b_gt, m_j)

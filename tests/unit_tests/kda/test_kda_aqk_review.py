@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from mindspeed_ops.ops.gdn.common import build_chunk_indices
+from mindspeed_ops.ops.gdn.reference_wy import chunk_scaled_dot_kkt_fwd_ref
 from mindspeed_ops.ops.kda import intra
+from mindspeed_ops.ops.kda.reference import kda_aqk_ref
 from mindspeed_ops.testing import rel_rms
 from tests.conftest import DEVICE
-
-F64 = torch.float64
 
 
 def _inputs(T, H, HV, K, cu, BT, dtype, *, hard=0.05, seed=0):
@@ -32,25 +32,13 @@ def _inputs(T, H, HV, K, cu, BT, dtype, *, hard=0.05, seed=0):
 
 
 def _ref(q, k, G, beta, scale, cu, BT, rq, rk):
-    """float64 ``Aqk``, ``M`` per chunk: per-pair ``e^{G_i − G_j}`` on the masked pairs only."""
-    T, HV = q.shape[1], G.shape[2]
-    grp = HV // q.shape[2]
-    qq = (q.double() * rq.double()[..., None]).repeat_interleave(grp, 2)[0]
-    kk = (k.double() * rk.double()[..., None]).repeat_interleave(grp, 2)[0]
-    GG, bb = G.double()[0], beta.double()[0]
-    A = torch.zeros(T, HV, BT, dtype=F64)
-    M = torch.zeros(T, HV, BT, dtype=F64)
-    for bos, eos in zip(cu[:-1], cu[1:]):
-        for s in range(bos, eos, BT):
-            e = min(s + BT, eos)
-            L = e - s
-            D = GG[s:e, None] - GG[None, s:e]                                   # [i, j, HV, K]
-            low = torch.ones(L, L, dtype=torch.bool).tril()[:, :, None, None]
-            E = torch.where(low, D, float("-inf")).exp()
-            A[s:e, :, :L] = scale * torch.einsum("ihd,jhd,ijhd->ihj", qq[s:e], kk[s:e], E)
-            Mc = torch.einsum("ihd,jhd,ijhd->ihj", kk[s:e], kk[s:e], E) * bb[s:e, :, None]
-            M[s:e, :, :L] = Mc * torch.ones(L, L, dtype=F64).tril(-1)[:, None, :]
-    return A[None], M[None]
+    """float64 ``Aqk``, ``M`` from the package's references (``kda_aqk_ref``, the per-channel kkt reference), with
+    the l2norm factors applied to q, k."""
+    qq, kk = q.double() * rq.double()[..., None], k.double() * rk.double()[..., None]
+    cu_t = torch.tensor(cu, dtype=torch.int64)
+    A = kda_aqk_ref(qq, kk, G.double(), scale, cu_t, BT)
+    M = chunk_scaled_dot_kkt_fwd_ref(kk, gk=G.double(), beta=beta.double(), cu_seqlens=cu_t, chunk_size=BT)
+    return A, M
 
 
 def _run(q, k, G, beta, scale, cu, BT, rq, rk):
