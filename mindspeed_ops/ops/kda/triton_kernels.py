@@ -381,7 +381,8 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
                          cu_ptr, idx_ptr, T, BHV, HV, GRP,
                          s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
                          s_ab, s_at, s_ah, s_xb, s_xt, s_xh, s_zk, s_zb, s_zt, s_zh,
-                         K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr):
+                         K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr,
+                         EG: tl.constexpr):
     """Adds the intra-chunk gradients of one chunk, value head, 16-row block and ``BK`` channels to ``dq, dk,
     dg`` (fp32, per value head, updated in place) and its channels' share of ``db`` to ``db[i_k]`` (fp32,
     ``s_zk`` apart per key tile; updated in place), given ``dAq`` (cotangent of ``Aqk/scale``, ``j ≤ i``) and
@@ -424,16 +425,16 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
         b_Rq = tl.zeros([16, BK], dtype=tl.float32)
         b_Rk = tl.zeros([16, BK], dtype=tl.float32)
         b_C = tl.zeros([16, BK], dtype=tl.float32)
-        grp = o16 // 4
-        in_g = o16 % 4
+        grp = o16 // EG
+        in_g = o16 % EG
         # pairs inside the 4x4 diagonal groups first (so the accumulators enter the loop in the elementwise
         # layout: after the dot products they come in the MMA layout, and each step cost three shared-memory
         # conversions), exact per-pair exponentials and no reductions: step t takes for every block row x the
         # t-th row y of x's group, as the column of Rq/Rk (x >= y) and as the row of C (y >= x)
-        for t in range(4):
+        for t in range(EG):
             # every per-row operand is loaded 2D ([16, BK] rows, [16, 1] columns): 1D loads took a layout of
             # their own and cost shared-memory conversions (and barriers) every step on sm_90
-            y = r0 + grp * 4 + t
+            y = r0 + grp * EG + t
             ok_y = (y < eos)[:, None]
             my = ok_y & dm[None, :]
             k_y = tl.load(k_base + y[:, None] * s_kt + d[None, :], mask=my, other=0.0).to(tl.float32)
@@ -442,7 +443,7 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
             b_y = tl.load(beta_ptr + i_b * s_bb + y[:, None] * s_bt + i_h * s_bh, mask=ok_y,
                           other=0.0).to(tl.float32)
             # coefficients dA[x, y] (x >= y; j <= i for dAq, j < i for dAm) and dA[y, x] (y >= x)
-            col = ri[:, None] * s_at + (bi * 16 + grp * 4 + t)[:, None]
+            col = ri[:, None] * s_at + (bi * 16 + grp * EG + t)[:, None]
             aq_c = tl.load(aq_base + col, mask=(vi & (in_g >= t))[:, None] & ok_y, other=0.0)
             am_c = tl.load(am_base + col, mask=(vi & (in_g > t))[:, None] & ok_y, other=0.0)
             row = y[:, None] * s_at + (bi * 16 + o16)[:, None]
@@ -455,35 +456,22 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
             b_Rk += am_c * e_c
             e_r = exp_fast_f32(tl.where(((in_g <= t)[:, None] & ok_y), g_y - b_ga, 0.0))
             b_C += e_r * (aq_r * q_y + (am_r * b_y) * k_y)
-        # pairs across the 4-row groups of the block, by products through the later group's first row c
-        # (e^{G_x − G_c} x e^{G_c − G_j}, both <= 1: SPEC 1.11's off-diagonal rule one level down)
-        g_c = tl.load(g_base + (r0 + grp * 4)[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-        fac4 = _masked_exp(b_ga - g_c, mi)  # e^{G_x − G_c(x)}
+        # pairs across the 4-row groups of the block in two halvings, as the forward's diagonal block: the
+        # lower-left 8x8 quarter, then both 8-row halves' lower-left 4x4 quarters, each by products through its
+        # row sub-block's first row c (e^{G_x − G_c} x e^{G_c − G_j}, both <= 1: SPEC 1.11's off-diagonal rule
+        # one level down); two rounds of products instead of one per later 4-row group (three)
         lo = vi[:, None] & vi[None, :]
         aq_d = tl.load(aq_base + ri[:, None] * s_at + (bi * 16 + o16)[None, :], mask=lo, other=0.0)
         am_d = tl.load(am_base + ri[:, None] * s_at + (bi * 16 + o16)[None, :], mask=lo, other=0.0)
         aq_t = tl.load(aq_base + ri[None, :] * s_at + (bi * 16 + o16)[:, None], mask=lo, other=0.0)
         am_t = tl.load(am_base + ri[None, :] * s_at + (bi * 16 + o16)[:, None], mask=lo, other=0.0)
-        acc_q4 = tl.zeros([16, BK], dtype=tl.float32)
-        acc_k4 = tl.zeros([16, BK], dtype=tl.float32)
-        acc_c4 = tl.zeros([16, BK], dtype=tl.float32)
-        for R in tl.static_range(1, 4):
-            c_r = r0 + 4 * R
-            g_cr = tl.load(g_base + c_r * s_gt + d, mask=dm & (c_r < eos), other=0.0).to(tl.float32)
-            e_cr = _masked_exp(g_cr[None, :] - b_ga, ((o16 < 4 * R) & vi & (c_r < eos))[:, None] & dm[None, :])
-            in_r = grp == R
-            sel = in_r[:, None] & (o16 < 4 * R)[None, :]  # [x, j]: x in group R, j in the earlier groups
-            b_kc = b_ka * e_cr
-            acc_q4 += _dot_f32(tl.where(sel, aq_d, 0.0), b_kc, DT == tl.float32)
-            acc_k4 += _dot_f32(tl.where(sel, am_d, 0.0), b_kc, DT == tl.float32)
-            sel_t = (o16 < 4 * R)[:, None] & in_r[None, :]  # [j, x]
-            b_xq = tl.where(in_r[:, None], b_qa * fac4, 0.0)
-            b_xk = tl.where(in_r[:, None], b_ka * fac4 * b_bi[:, None], 0.0)
-            acc_c4 += e_cr * (_dot_f32(tl.where(sel_t, aq_t, 0.0), b_xq, DT == tl.float32)
-                              + _dot_f32(tl.where(sel_t, am_t, 0.0), b_xk, DT == tl.float32))
-        b_Rq += fac4 * acc_q4
-        b_Rk += fac4 * acc_k4
-        b_C += acc_c4
+        b_Rq, b_Rk, b_C = _bwd_diag_level(b_qa, b_ka, b_bi, b_ga, g_base, r0, eos, d, dm, s_gt, aq_d, am_d, aq_t,
+                                          am_t, b_Rq, b_Rk, b_C, 8, DT == tl.float32)
+        b_Rq, b_Rk, b_C = _bwd_diag_level(b_qa, b_ka, b_bi, b_ga, g_base, r0, eos, d, dm, s_gt, aq_d, am_d, aq_t,
+                                          am_t, b_Rq, b_Rk, b_C, 4, DT == tl.float32)
+        if EG == 2:
+            b_Rq, b_Rk, b_C = _bwd_diag_level(b_qa, b_ka, b_bi, b_ga, g_base, r0, eos, d, dm, s_gt, aq_d, am_d, aq_t,
+                                              am_t, b_Rq, b_Rk, b_C, 2, DT == tl.float32)
         # earlier columns j, one 16-row block at a time (small tiles keep the registers, hence the occupancy,
         # reasonable: whole [BT, BK] tiles took ~235 registers a thread): Rq, Rk += e^{G_i − G_r} ⊙ dA[i, j]
         # (k_j e^{G_r − G_j}), reference r = the block's first row
@@ -537,6 +525,35 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
         # int64 tile offset: NK·B·T·HV may pass 2^31
         z_off = db_ptr + i_k.to(tl.int64) * s_zk + i_b * s_zb + i_h * s_zh + ri * s_zt
         tl.store(z_off, tl.load(z_off, mask=vi, other=0.0) + tl.sum(b_ka * b_Rk, 1), mask=vi)
+
+
+@triton.jit
+def _bwd_diag_level(b_q, b_k, b_b, b_g, g_base, r0, eos, d, dm, s_gt, aq_d, am_d, aq_t, am_t, b_Rq, b_Rk, b_C,
+                    H: tl.constexpr, EXACT: tl.constexpr):
+    """One level of ``kda_bwd_intra_kernel``'s diagonal block: the pairs ``(x, j)`` with ``x`` in the upper and
+    ``j`` in the lower ``H`` rows of the same ``2H``-row group, through the upper half's first row ``c``
+    (``E_xj = e^{G_x − G_c} e^{G_c − G_j}``, both ``<= 1``): adds ``Rq_x += Σ_j dAq_xj E_xj ⊙ k_j``, ``Rk_x`` the
+    same with ``dAm``, and ``C_j += Σ_x E_xj ⊙ (dAq_xj q_x + dAm_xj β_x k_x)``. ``b_q, b_k, b_g``: the block's ``[16, BK]``
+    fp32 tiles, ``b_b``: its ``[16]`` β; ``aq_d, am_d`` its ``[16, 16]`` cotangents ``[x, j]``, ``aq_t, am_t``
+    transposed; products IEEE for fp32 inputs, else TF32."""
+    o16 = tl.arange(0, 16)
+    half = o16 % (2 * H)
+    same = (o16 // (2 * H))[:, None] == (o16 // (2 * H))[None, :]
+    m_x = ((half >= H) & (r0 + o16 < eos))[:, None] & dm[None, :]
+    g_cx = tl.load(g_base + (r0 + (o16 // H) * H)[:, None] * s_gt + d[None, :], mask=m_x, other=0.0).to(tl.float32)
+    f_x = _masked_exp(b_g - g_cx, m_x)  # e^{G_x − G_c}, upper rows
+    c_j = r0 + (o16 // H + 1) * H  # the column's reference: the first row of the next H-row half
+    m_j = ((half < H) & (c_j < eos))[:, None] & dm[None, :]
+    g_cj = tl.load(g_base + c_j[:, None] * s_gt + d[None, :], mask=m_j, other=0.0).to(tl.float32)
+    e_j = _masked_exp(g_cj - b_g, m_j)  # e^{G_c − G_j}, lower rows
+    pair = (half >= H)[:, None] & (half < H)[None, :] & same  # [x, j]
+    pair_t = (half < H)[:, None] & (half >= H)[None, :] & same  # [j, x]
+    b_kj = b_k * e_j
+    b_Rq += f_x * _dot_f32(tl.where(pair, aq_d, 0.0), b_kj, EXACT)
+    b_Rk += f_x * _dot_f32(tl.where(pair, am_d, 0.0), b_kj, EXACT)
+    b_C += e_j * (_dot_f32(tl.where(pair_t, aq_t, 0.0), b_q * f_x, EXACT)
+                  + _dot_f32(tl.where(pair_t, am_t, 0.0), b_k * f_x * b_b[:, None], EXACT))
+    return b_Rq, b_Rk, b_C
 
 
 @triton.jit
