@@ -449,13 +449,15 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
             row = y[:, None] * s_at + (bi * 16 + o16)[:, None]
             aq_r = tl.load(aq_base + row, mask=(in_g <= t)[:, None] & ok_y, other=0.0)
             am_r = tl.load(am_base + row, mask=(in_g < t)[:, None] & ok_y, other=0.0)
-            # exponent arguments masked to the pairs, so every exp is <= 1 or of 0; the other entries meet a zero
-            # factor (masked loads) and need no outer where
-            e_c = exp_fast_f32(tl.where(((in_g >= t) & vi)[:, None], b_ga - g_y, 0.0)) * k_y
+            # one exponential per entry for both directions: e^{G_x − G_y} where y <= x (Rq, Rk), e^{G_y − G_x}
+            # where y >= x (C; at x = y both are 1), arguments masked to valid rows, so every exp is <= 1 or of 0;
+            # the other direction's entries meet a zero factor (masked loads) and need no outer where
+            e = exp_fast_f32(tl.where((in_g >= t)[:, None], tl.where(vi[:, None], b_ga - g_y, 0.0),
+                                      tl.where(ok_y, g_y - b_ga, 0.0)))
+            e_c = e * k_y
             b_Rq += aq_c * e_c
             b_Rk += am_c * e_c
-            e_r = exp_fast_f32(tl.where(((in_g <= t)[:, None] & ok_y), g_y - b_ga, 0.0))
-            b_C += e_r * (aq_r * q_y + (am_r * b_y) * k_y)
+            b_C += e * (aq_r * q_y + (am_r * b_y) * k_y)
         # pairs across the 4-row groups of the block in two halvings, as the forward's diagonal block: the
         # lower-left 8x8 quarter, then both 8-row halves' lower-left 4x4 quarters, each by products through its
         # row sub-block's first row c (e^{G_x − G_c} x e^{G_c − G_j}, both <= 1: SPEC 1.11's off-diagonal rule
