@@ -36,6 +36,15 @@ def aqk_config(K: int, dtype: torch.dtype, store_a: bool = True) -> tuple[int, i
     return max(16, min(32, tu.next_power_of_2(K))), 1, 3
 
 
+def aqk_column_width(K: int, dtype: torch.dtype) -> int:
+    """Key width of the Aqk kernel's earlier-column products: 0 = ``BK`` tiles (the row block's factored tiles
+    recomputed for every column block), else K rounded up to a power of two (those tiles once)."""
+    import os
+    if os.environ.get("MSO_AQK_HOIST", "1") == "0" or dtype == torch.float32 or K > 128:
+        return 0
+    return tu.next_power_of_2(K)
+
+
 def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float, cu_host: Optional[list],
                 cu_seqlens: Optional[torch.Tensor], BT: int, chunk_indices: Optional[torch.Tensor] = None, *,
                 store_a: bool = True, store_qg: bool = False, store_kg: bool = False,
@@ -78,7 +87,8 @@ def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float
             *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *(A.stride()[:3] if A is not None else z3),
             *(qg.stride()[:3] if qg is not None else z3), *(kg.stride()[:3] if kg is not None else z3), *sr,
             K=K, BT=BT, BK=BK, STORE_A=store_a, STORE_QG=store_qg, STORE_KG=store_kg,
-            IS_VARLEN=idx is not None, HAS_R=rq is not None, num_warps=nw, num_stages=ns, **m_args)
+            IS_VARLEN=idx is not None, HAS_R=rq is not None, num_warps=nw, num_stages=ns,
+            KC=aqk_column_width(K, kk.dtype) if store_a else 0, **m_args)
     return tuple(None if t is None else tu.finish(t, dt) for t, dt in ((A, k.dtype), (qg, q.dtype), (kg, k.dtype),
                                                                        (M, torch.float32)))
 

@@ -61,7 +61,7 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                        K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, STORE_A: tl.constexpr,
                        STORE_QG: tl.constexpr, STORE_KG: tl.constexpr, IS_VARLEN: tl.constexpr,
                        HAS_R: tl.constexpr = False, m_ptr=None, beta_ptr=None, s_mb=0, s_mt=0, s_mh=0,
-                       s_bb=0, s_bt=0, s_bh=0, STORE_M: tl.constexpr = False):
+                       s_bb=0, s_bt=0, s_bh=0, STORE_M: tl.constexpr = False, KC: tl.constexpr = 0):
     """``Aqk[i, j] = scale·Σ_d q_{i,d} k_{j,d} e^{G_{i,d} − G_{j,d}}`` for ``j ≤ i`` (valid), else 0, of one
     chunk and value head (``STORE_A``); with ``STORE_M`` (needs ``STORE_A``) also
     ``M[i, j] = β_i Σ_d k_{i,d} k_{j,d} e^{G_{i,d} − G_{j,d}}`` for ``j < i`` (fp32; GDN's per-channel kkt),
@@ -88,6 +88,10 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
         rk_base = rk_ptr + i_b * s_rb + i_hk * s_rh
         if STORE_A:
             a_base = a_ptr + i_b * s_ab + i_h * s_ah
+            m_base = a_base  # (the unused operands of _store_col_block need a value)
+            r_i = tl.zeros([16], dtype=tl.float32)
+            rk_i = r_i
+            b_bi = r_i
             if HAS_R:
                 r_i = _row_factor(rq_base, ri, vi, s_rt)
                 rk_i = _row_factor(rk_base, ri, vi, s_rt)
@@ -96,35 +100,53 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                 b_bi = tl.load(beta_ptr + i_b * s_bb + ri * s_bt + i_h * s_bh, mask=vi, other=0.0).to(tl.float32)
             # earlier columns one 16-column block at a time ([BK, 16] key tiles, all valid: they precede row r0):
             # no masked 64-wide work, and few registers (a [BK, BT] tile at 2 warps took 64 a thread per tensor)
-            for c in range(0, bi):
-                cj = start + c * 16 + o16
-                acc = tl.zeros([16, 16], dtype=tl.float32)
-                acc_m = tl.zeros([16, 16], dtype=tl.float32)
-                for i_k in range((K + BK - 1) // BK):
-                    d = i_k * BK + tl.arange(0, BK)
-                    dm = d < K
-                    mi = vi[:, None] & dm[None, :]
-                    b_kt = tl.load(k_base + cj[None, :] * s_kt + d[:, None], mask=dm[:, None], other=0.0)
-                    b_gt = tl.load(g_base + cj[None, :] * s_gt + d[:, None], mask=dm[:, None], other=0.0)
-                    g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
-                    b_g = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-                    b_q = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-                    b_kj = b_kt.to(tl.float32) * _masked_exp(g_r[:, None] - b_gt.to(tl.float32), dm[:, None])
-                    fac = _masked_exp(b_g - g_r[None, :], mi)
-                    acc += _dot(b_q * fac, b_kj, DT)
+            if KC > 0:
+                # KC = K rounded up to a power of two: the row block's factored tiles once, in the product dtype
+                # (what the tiled path casts each column block's to), then one K-wide product per column block
+                if bi > 0:
+                    dc = tl.arange(0, KC)
+                    dcm = dc < K
+                    mc = vi[:, None] & dcm[None, :]
+                    g_rc = tl.load(g_base + r0 * s_gt + dc, mask=dcm, other=0.0).to(tl.float32)
+                    b_gc = tl.load(g_base + ri[:, None] * s_gt + dc[None, :], mask=mc, other=0.0).to(tl.float32)
+                    fac_c = _masked_exp(b_gc - g_rc[None, :], mc)
+                    b_qf = (tl.load(q_base + ri[:, None] * s_qt + dc[None, :], mask=mc, other=0.0).to(tl.float32)
+                            * fac_c).to(DT)
                     if STORE_M:
-                        b_k = tl.load(k_base + ri[:, None] * s_kt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-                        acc_m += _dot(b_k * fac, b_kj, DT)
-                if HAS_R:
-                    rk_j = _row_factor(rk_base, cj, cj < eos, s_rt)
-                    acc = acc * (r_i[:, None] * rk_j[None, :])
-                    if STORE_M:
-                        acc_m = acc_m * (rk_i[:, None] * rk_j[None, :])
-                tl.store(a_base + ri[:, None] * s_at + (c * 16 + o16)[None, :],
-                         (acc * scale).to(a_ptr.dtype.element_ty), mask=vi[:, None])
-                if STORE_M:
-                    tl.store(m_base + ri[:, None] * s_mt + (c * 16 + o16)[None, :],
-                             (acc_m * b_bi[:, None]).to(m_ptr.dtype.element_ty), mask=vi[:, None])
+                        b_kf = (tl.load(k_base + ri[:, None] * s_kt + dc[None, :], mask=mc,
+                                        other=0.0).to(tl.float32) * fac_c).to(DT)
+                    for c in range(0, bi):
+                        cj = start + c * 16 + o16
+                        b_kt = tl.load(k_base + cj[None, :] * s_kt + dc[:, None], mask=dcm[:, None], other=0.0)
+                        b_gt = tl.load(g_base + cj[None, :] * s_gt + dc[:, None], mask=dcm[:, None], other=0.0)
+                        b_kj = (b_kt.to(tl.float32) * _masked_exp(g_rc[:, None] - b_gt.to(tl.float32),
+                                                                  dcm[:, None])).to(DT)
+                        acc = _dot(b_qf, b_kj, DT)
+                        acc_m = _dot(b_kf, b_kj, DT) if STORE_M else acc
+                        _store_col_block(a_base, m_base, rk_base, ri, vi, cj, eos, c, r_i, rk_i, b_bi, acc, acc_m,
+                                         scale, s_at, s_mt, s_rt, HAS_R, STORE_M)
+            else:
+                for c in range(0, bi):
+                    cj = start + c * 16 + o16
+                    acc = tl.zeros([16, 16], dtype=tl.float32)
+                    acc_m = tl.zeros([16, 16], dtype=tl.float32)
+                    for i_k in range((K + BK - 1) // BK):
+                        d = i_k * BK + tl.arange(0, BK)
+                        dm = d < K
+                        mi = vi[:, None] & dm[None, :]
+                        b_kt = tl.load(k_base + cj[None, :] * s_kt + d[:, None], mask=dm[:, None], other=0.0)
+                        b_gt = tl.load(g_base + cj[None, :] * s_gt + d[:, None], mask=dm[:, None], other=0.0)
+                        g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+                        b_g = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+                        b_q = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+                        b_kj = b_kt.to(tl.float32) * _masked_exp(g_r[:, None] - b_gt.to(tl.float32), dm[:, None])
+                        fac = _masked_exp(b_g - g_r[None, :], mi)
+                        acc += _dot(b_q * fac, b_kj, DT)
+                        if STORE_M:
+                            b_k = tl.load(k_base + ri[:, None] * s_kt + d[None, :], mask=mi, other=0.0).to(tl.float32)
+                            acc_m += _dot(b_k * fac, b_kj, DT)
+                    _store_col_block(a_base, m_base, rk_base, ri, vi, cj, eos, c, r_i, rk_i, b_bi, acc, acc_m,
+                                     scale, s_at, s_mt, s_rt, HAS_R, STORE_M)
             # the diagonal 16x16 block, key tile by key tile (halvings by products, exact 4x4 groups: _diag_block)
             b_d = tl.zeros([16, 16], dtype=tl.float32)
             b_dm = tl.zeros([16, 16], dtype=tl.float32)
@@ -181,6 +203,24 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
 # ------------------------------------------------------------------------------------------------
 # output stage: o = scale·(q ⊙ e^G) S_c + Aqk v_new
 # ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _store_col_block(a_base, m_base, rk_base, ri, vi, cj, eos, c, r_i, rk_i, b_bi, acc, acc_m, scale, s_at, s_mt,
+                     s_rt, HAS_R: tl.constexpr, STORE_M: tl.constexpr):
+    """Stores one earlier 16-column block ``c`` of ``kda_aqk_fwd_kernel``: ``Aqk = scale·acc`` (and ``M = β_i
+    acc_m``), with the l2norm rstd of rows and columns applied when ``HAS_R``."""
+    o16 = tl.arange(0, 16)
+    if HAS_R:
+        rk_j = _row_factor(rk_base, cj, cj < eos, s_rt)
+        acc = acc * (r_i[:, None] * rk_j[None, :])
+        if STORE_M:
+            acc_m = acc_m * (rk_i[:, None] * rk_j[None, :])
+    tl.store(a_base + ri[:, None] * s_at + (c * 16 + o16)[None, :], (acc * scale).to(a_base.dtype.element_ty),
+             mask=vi[:, None])
+    if STORE_M:
+        tl.store(m_base + ri[:, None] * s_mt + (c * 16 + o16)[None, :],
+                 (acc_m * b_bi[:, None]).to(m_base.dtype.element_ty), mask=vi[:, None])
+
 
 @triton.jit
 def kda_fwd_o_kernel(q_ptr, g_ptr, v_ptr, h_ptr, a_ptr, o_ptr, cu_ptr, idx_ptr, rq_ptr, T, B, HV, GQ, K, V, scale,
