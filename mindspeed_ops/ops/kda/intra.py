@@ -23,24 +23,26 @@ OP = "chunk_kda_fwd_intra"
 
 def aqk_config(K: int, dtype: torch.dtype, store_a: bool = True) -> tuple[int, int, int]:
     """``(BK, num_warps, num_stages)`` of the Aqk (and M) kernel; BK >= 16 (``tl.dot``). 16-bit: 32 (K's power of
-    two if smaller), one warp, 3 stages: the H200 sweeps of the thirty-first session (``tune_kda.py --only aqk``,
-    the kernel with 16-column key blocks): B1 T8192 H16 301 µs against 340 at the previous 64 / 2 warps (345 µs
-    before the column blocks), 259 µs with the diagonal block's 4x4 groups (4-28 bytes of spill on sm_90), and
-    T32768 H32 2.24 ms against 2.31 at BK 128 / 2 warps / 1 stage (docs/benchmarks/kda.md). fp32 at 8 warps and
-    BK = min(32, K rounded up to a power of two): at 4 it spills ~5 KB on sm_90 (compile-only check). Without
-    ``store_a`` (the backward's elementwise ``qg``/``kg`` pass) 64 at 2 warps (``tune_kda.py --only qgkg``)."""
+    two if smaller), one warp; 1 stage where the earlier column blocks take the row block's factored tiles once
+    (K <= 128, :func:`aqk_column_width`), else 3. H200 sweeps (``tune_kda.py --only aqk``, docs/benchmarks/kda.md):
+    thirty-first session, B1 T8192 H16: 301 µs against 340 at the previous 64 / 2 warps, 259 µs with the diagonal
+    block's 4x4 groups (4-28 bytes of spill on sm_90); thirty-second, the factored row tiles once: 243 µs at 1
+    stage against 328 at 3 (and 277 at 64 / 2 warps / 1 stage). fp32 at 8 warps and BK = min(32, K rounded up to
+    a power of two): at 4 it spills ~5 KB on sm_90 (compile-only check). Without ``store_a`` (the backward's
+    elementwise ``qg``/``kg`` pass) 64 at 2 warps (``tune_kda.py --only qgkg``)."""
     if dtype == torch.float32:
         return max(16, min(32, tu.next_power_of_2(K))), 8, 3
     if not store_a:
         return max(16, min(64, tu.next_power_of_2(K))), 2, 3
-    return max(16, min(32, tu.next_power_of_2(K))), 1, 3
+    return max(16, min(32, tu.next_power_of_2(K))), 1, 1 if aqk_column_width(K, dtype) else 3
 
 
 def aqk_column_width(K: int, dtype: torch.dtype) -> int:
-    """Key width of the Aqk kernel's earlier-column products: 0 = ``BK`` tiles (the row block's factored tiles
-    recomputed for every column block), else K rounded up to a power of two (those tiles once)."""
-    import os
-    if os.environ.get("MSO_AQK_HOIST", "1") == "0" or dtype == torch.float32 or K > 128:
+    """Key width of the Aqk kernel's earlier-column products (its ``KC``): K rounded up to a power of two for
+    16-bit inputs and K <= 128, the row block's factored q/k tiles then made once, in the product dtype, for all
+    its earlier column blocks (they were remade per column block: 259 -> 243 µs, B1 T8192 H16, H200); else 0,
+    ``BK``-wide key tiles (fp32 products and K = 256 would take too many registers at one warp)."""
+    if dtype == torch.float32 or K > 128:
         return 0
     return tu.next_power_of_2(K)
 

@@ -71,7 +71,9 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
     Grid ``(chunks · B · HV, BT / 16)``: one 16-row block per program (the blocks are independent; one
     program looping over a chunk's four blocks took 1.04 ms at T = 8192, HV = 32 on the H200).
     Rows in 16-row blocks starting at ``r``: columns of earlier blocks (``j < r``), one 16-column block at a
-    time, by ``tl.dot`` of ``q_i e^{G_i − G_r}`` (``k_i e^{G_i − G_r}``) with ``k_j e^{G_r − G_j}``; the diagonal
+    time, by ``tl.dot`` of ``q_i e^{G_i − G_r}`` (``k_i e^{G_i − G_r}``) with ``k_j e^{G_r − G_j}`` (``KC > 0``: the
+    row block's factored tiles made once, ``KC`` = K rounded up to a power of two wide, in the product dtype;
+    ``KC = 0``: ``BK``-wide key tiles, the row block's remade for every column block); the diagonal
     16x16 block by ``_diag_block`` (two halvings, each lower-left quarter through its row sub-block's first
     row, then exact 4x4 diagonal groups), stored apart from the rest."""
     i_b, i_h, i_hk, bi, start, eos, r0 = _row_block(BHV, HV, GRP, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
