@@ -215,10 +215,6 @@ def chunk_kda_bwd_wy_dqkg_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 # intra-chunk paths through Aqk and M
 # ------------------------------------------------------------------------------------------------
 
-#: rows of the diagonal block's exact groups in kda_bwd_intra_kernel (4 or 2; the levels above them go by products)
-INTRA_BWD_EXACT_GROUP = 4
-
-
 def intra_bwd_forward(q, k, gk, beta, dAq, dAm, dq, dk, dg, db, cu_host, cu_seqlens, chunk_indices=None):
     """Launch of ``kda_bwd_intra_kernel``: adds the intra-chunk gradients **in place** to the fp32 per-value-
     head buffers ``dq, dk, dg [B,T,HV,K]`` and ``db [B,T,HV]`` (contiguous, as ``wy_dqkg_forward`` makes
@@ -244,7 +240,7 @@ def intra_bwd_forward(q, k, gk, beta, dAq, dAm, dq, dk, dg, db, cu_host, cu_seql
             qq, kk, gg, bb, dAq, dAm, dq, dk, dg, dbp, dummy if cu is None else cu, dummy if idx is None else idx,
             T, B * HV, HV, HV // H, *qq.stride()[:3], *kk.stride()[:3], *gg.stride()[:3], *bb.stride(),
             *dAq.stride()[:3], *dq.stride()[:3], *dbp.stride(),
-            K=K, BT=BT, BK=BK, IS_VARLEN=idx is not None, EG=INTRA_BWD_EXACT_GROUP, num_warps=nw)
+            K=K, BT=BT, BK=BK, IS_VARLEN=idx is not None, num_warps=nw)
         if NK > 1:
             db += dbp.sum(0)
     return dq, dk, dg, db

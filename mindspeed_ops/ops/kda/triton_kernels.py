@@ -423,8 +423,7 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
                          cu_ptr, idx_ptr, T, BHV, HV, GRP,
                          s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
                          s_ab, s_at, s_ah, s_xb, s_xt, s_xh, s_zk, s_zb, s_zt, s_zh,
-                         K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr,
-                         EG: tl.constexpr):
+                         K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr):
     """Adds the intra-chunk gradients of one chunk, value head, 16-row block and ``BK`` channels to ``dq, dk,
     dg`` (fp32, per value head, updated in place) and its channels' share of ``db`` to ``db[i_k]`` (fp32,
     ``s_zk`` apart per key tile; updated in place), given ``dAq`` (cotangent of ``Aqk/scale``, ``j ≤ i``) and
@@ -438,10 +437,13 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
     channels are independent but for ``db``'s dot product, hence its per-tile partial sums). For the block
     starting at ``r``: the row sums over earlier columns use the reference ``r`` (``e^{G_i − G_r}`` x
     ``e^{G_r − G_j}``); the column sums over later rows use the reference ``r + 16``, the first row of those
-    rows (``e^{G_i − G_{r+16}}`` x ``e^{G_{r+16} − G_j}``); pairs inside the block get the exact masked
-    exponential, one block row at a time on ``[16, BK]`` tiles, with no reductions (a ``[16, 16, BK]``
-    per-pair tensor and its 3D sums made this kernel 7.6 of a 13 ms KDA training step at T = 8192, H200;
-    one program per chunk and head looping over the blocks and tiles, 2.3 ms)."""
+    rows (``e^{G_i − G_{r+16}}`` x ``e^{G_{r+16} − G_j}``). Pairs inside the block: those of its four 4x4
+    diagonal groups get the exact masked exponential, one group row at a time on ``[16, BK]`` tiles, with no
+    reductions (a ``[16, 16, BK]`` per-pair tensor and its 3D sums made this kernel 7.6 of a 13 ms KDA training
+    step at T = 8192, H200; one program per chunk and head looping over the blocks and tiles, 2.3 ms); the
+    others go by products in two halvings (``_bwd_diag_level``). H200, B1 T8192 H16, thirty-second session
+    (``tune_kda.py --only intra_bwd``, 110 µs of buffer copies included): 686 µs against 728 with one round of
+    products per later 4-row group; exact 2x2 groups under a third halving 753 µs (400 bytes of spill)."""
     i_b, i_h, i_hk, bi, start, eos, r0 = _row_block(BHV, HV, GRP, cu_ptr, idx_ptr, T, BT, IS_VARLEN)
     i_k = tl.program_id(2)
     if r0 < eos:
@@ -467,16 +469,16 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
         b_Rq = tl.zeros([16, BK], dtype=tl.float32)
         b_Rk = tl.zeros([16, BK], dtype=tl.float32)
         b_C = tl.zeros([16, BK], dtype=tl.float32)
-        grp = o16 // EG
-        in_g = o16 % EG
+        grp = o16 // 4
+        in_g = o16 % 4
         # pairs inside the 4x4 diagonal groups first (so the accumulators enter the loop in the elementwise
         # layout: after the dot products they come in the MMA layout, and each step cost three shared-memory
         # conversions), exact per-pair exponentials and no reductions: step t takes for every block row x the
         # t-th row y of x's group, as the column of Rq/Rk (x >= y) and as the row of C (y >= x)
-        for t in range(EG):
+        for t in range(4):
             # every per-row operand is loaded 2D ([16, BK] rows, [16, 1] columns): 1D loads took a layout of
             # their own and cost shared-memory conversions (and barriers) every step on sm_90
-            y = r0 + grp * EG + t
+            y = r0 + grp * 4 + t
             ok_y = (y < eos)[:, None]
             my = ok_y & dm[None, :]
             k_y = tl.load(k_base + y[:, None] * s_kt + d[None, :], mask=my, other=0.0).to(tl.float32)
@@ -485,7 +487,7 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
             b_y = tl.load(beta_ptr + i_b * s_bb + y[:, None] * s_bt + i_h * s_bh, mask=ok_y,
                           other=0.0).to(tl.float32)
             # coefficients dA[x, y] (x >= y; j <= i for dAq, j < i for dAm) and dA[y, x] (y >= x)
-            col = ri[:, None] * s_at + (bi * 16 + grp * EG + t)[:, None]
+            col = ri[:, None] * s_at + (bi * 16 + grp * 4 + t)[:, None]
             aq_c = tl.load(aq_base + col, mask=(vi & (in_g >= t))[:, None] & ok_y, other=0.0)
             am_c = tl.load(am_base + col, mask=(vi & (in_g > t))[:, None] & ok_y, other=0.0)
             row = y[:, None] * s_at + (bi * 16 + o16)[:, None]
@@ -513,9 +515,6 @@ def kda_bwd_intra_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, daq_ptr, dam_ptr, dq_ptr
                                           am_t, b_Rq, b_Rk, b_C, 8, DT == tl.float32)
         b_Rq, b_Rk, b_C = _bwd_diag_level(b_qa, b_ka, b_bi, b_ga, g_base, r0, eos, d, dm, s_gt, aq_d, am_d, aq_t,
                                           am_t, b_Rq, b_Rk, b_C, 4, DT == tl.float32)
-        if EG == 2:
-            b_Rq, b_Rk, b_C = _bwd_diag_level(b_qa, b_ka, b_bi, b_ga, g_base, r0, eos, d, dm, s_gt, aq_d, am_d, aq_t,
-                                              am_t, b_Rq, b_Rk, b_C, 2, DT == tl.float32)
         # earlier columns j, one 16-row block at a time (small tiles keep the registers, hence the occupancy,
         # reasonable: whole [BT, BK] tiles took ~235 registers a thread): Rq, Rk += e^{G_i − G_r} ⊙ dA[i, j]
         # (k_j e^{G_r − G_j}), reference r = the block's first row
