@@ -38,13 +38,14 @@ def aqk_config(K: int, dtype: torch.dtype, store_a: bool = True) -> tuple[int, i
 
 
 def aqk_column_width(K: int, dtype: torch.dtype) -> int:
-    """Key width of the Aqk kernel's earlier-column products (its ``KC``): K rounded up to a power of two for
-    16-bit inputs and K <= 128, the row block's factored q/k tiles then made once, in the product dtype, for all
-    its earlier column blocks (they were remade per column block: 259 -> 243 µs, B1 T8192 H16, H200); else 0,
-    ``BK``-wide key tiles (fp32 products and K = 256 would take too many registers at one warp)."""
+    """Key width of the Aqk kernel's earlier-column products (its ``KC``): K rounded up to a power of two, at
+    least 16 (``tl.dot``'s inner dimension on NVIDIA), for 16-bit inputs and K <= 128, the row block's factored q/k
+    tiles then made once, in the product dtype, for all its earlier column blocks (they were remade per column
+    block: 259 -> 243 µs, B1 T8192 H16, H200); else 0, ``BK``-wide key tiles (fp32 products and K = 256 would
+    take too many registers at one warp)."""
     if dtype == torch.float32 or K > 128:
         return 0
-    return tu.next_power_of_2(K)
+    return max(16, tu.next_power_of_2(K))
 
 
 def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float, cu_host: Optional[list],
