@@ -119,10 +119,7 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                                         other=0.0).to(tl.float32) * fac_c).to(DT)
                     for c in range(0, bi):
                         cj = start + c * 16 + o16
-                        b_kt = tl.load(k_base + cj[None, :] * s_kt + dc[:, None], mask=dcm[:, None], other=0.0)
-                        b_gt = tl.load(g_base + cj[None, :] * s_gt + dc[:, None], mask=dcm[:, None], other=0.0)
-                        b_kj = (b_kt.to(tl.float32) * _masked_exp(g_rc[:, None] - b_gt.to(tl.float32),
-                                                                  dcm[:, None])).to(DT)
+                        b_kj = _key_block(k_base, g_base, cj, dc, dcm, g_rc, s_kt, s_gt).to(DT)
                         acc = _dot(b_qf, b_kj, DT)
                         acc_m = _dot(b_kf, b_kj, DT) if STORE_M else acc
                         _store_col_block(a_base, m_base, rk_base, ri, vi, cj, eos, c, r_i, rk_i, b_bi, acc, acc_m,
@@ -136,12 +133,10 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
                         d = i_k * BK + tl.arange(0, BK)
                         dm = d < K
                         mi = vi[:, None] & dm[None, :]
-                        b_kt = tl.load(k_base + cj[None, :] * s_kt + d[:, None], mask=dm[:, None], other=0.0)
-                        b_gt = tl.load(g_base + cj[None, :] * s_gt + d[:, None], mask=dm[:, None], other=0.0)
                         g_r = tl.load(g_base + r0 * s_gt + d, mask=dm, other=0.0).to(tl.float32)
+                        b_kj = _key_block(k_base, g_base, cj, d, dm, g_r, s_kt, s_gt)
                         b_g = tl.load(g_base + ri[:, None] * s_gt + d[None, :], mask=mi, other=0.0).to(tl.float32)
                         b_q = tl.load(q_base + ri[:, None] * s_qt + d[None, :], mask=mi, other=0.0).to(tl.float32)
-                        b_kj = b_kt.to(tl.float32) * _masked_exp(g_r[:, None] - b_gt.to(tl.float32), dm[:, None])
                         fac = _masked_exp(b_g - g_r[None, :], mi)
                         acc += _dot(b_q * fac, b_kj, DT)
                         if STORE_M:
@@ -205,6 +200,15 @@ def kda_aqk_fwd_kernel(q_ptr, k_ptr, g_ptr, a_ptr, qg_ptr, kg_ptr, cu_ptr, idx_p
 # ------------------------------------------------------------------------------------------------
 # output stage: o = scale·(q ⊙ e^G) S_c + Aqk v_new
 # ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _key_block(k_base, g_base, cj, d, dm, g_r, s_kt, s_gt):
+    """``[len(d), 16]`` fp32 ``k_j e^{G_r − G_j}`` (transposed) of the 16 columns ``cj`` (all valid: they precede
+    the row block) over the channels ``d`` (``dm``: inside K), ``g_r`` the reference row's gates."""
+    b_kt = tl.load(k_base + cj[None, :] * s_kt + d[:, None], mask=dm[:, None], other=0.0)
+    b_gt = tl.load(g_base + cj[None, :] * s_gt + d[:, None], mask=dm[:, None], other=0.0)
+    return b_kt.to(tl.float32) * _masked_exp(g_r[:, None] - b_gt.to(tl.float32), dm[:, None])
+
 
 @triton.jit
 def _store_col_block(a_base, m_base, rk_base, ri, vi, cj, eos, c, r_i, rk_i, b_bi, acc, acc_m, scale, s_at, s_mt,
