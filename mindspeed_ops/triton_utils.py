@@ -113,6 +113,12 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
+def dot_tile(n: int, cap: int) -> int:
+    """Tile of a ``tl.dot`` operand dimension of size ``n``: a power of two in ``[16, cap]`` (16 is the smallest
+    inner dimension NVIDIA's backend builds)."""
+    return max(16, min(cap, next_power_of_2(n)))
+
+
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (a small stand-in on CPU: the interpreter is serial)."""
     if device.type == "cuda":

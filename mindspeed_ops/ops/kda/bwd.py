@@ -33,11 +33,9 @@ def _zero_tail(cu_host: Optional[list], T: int, *tensors: Optional[torch.Tensor]
                 t[:, cu_host[-1]:].zero_()  # tail tokens take part in nothing
 
 
-def _block_k(K: int, cap: int) -> int:
-    """Tile of a head dim: a power of two in [16, cap]. The caps and warps of the launches below are the
-    fastest measured on the H200; two of them spill a little on sm_90 (:func:`wy_dqkg_config`,
-    :func:`intra_bwd_config`; bounds in tests/unit_tests/kda/test_kda_compile.py)."""
-    return max(16, min(cap, tu.next_power_of_2(K)))
+# Head-dim tiles are ``tu.dot_tile(K, cap)``; the caps and warps of the launches below are the fastest measured on
+# the H200; two of them spill a little on sm_90 (wy_dqkg_config, intra_bwd_config; bounds in
+# tests/unit_tests/kda/test_kda_compile.py).
 
 
 # ------------------------------------------------------------------------------------------------
@@ -70,7 +68,7 @@ def dav_forward(v_new, do, Aqk, scale: float, cu_host, cu_seqlens, chunk_indices
         kda_bwd_dav_kernel[(NT * B * HV,)](
             vn, dd, aa, a_arg, v_arg, dummy if cu is None else cu, dummy if idx is None else idx, T, B * HV, HV, V,
             float(scale), *vn.stride()[:3], *dd.stride()[:3], *aa.stride()[:3], *a_arg.stride()[:3],
-            *v_arg.stride()[:3], BT=BT, BV=_block_k(V, 32 if dd.dtype == torch.float32 else 64),
+            *v_arg.stride()[:3], BT=BT, BV=tu.dot_tile(V, 32 if dd.dtype == torch.float32 else 64),
             IS_VARLEN=idx is not None, DA=dA, DV=dv, num_warps=8 if dd.dtype == torch.float32 else 4)
     return dA_out, None if dv_out is None else tu.finish(dv_out, do.dtype)
 
@@ -114,7 +112,7 @@ def wy_dqkg_config(K: int, V: int, BT: int, dtype: torch.dtype) -> tuple[int, in
     ``benchmarks/tune_kda.py``: 1.06 ms vs 1.33 ms for 64-wide V tiles at 8 warps; 68 bytes of spill on sm_90,
     104 varlen; several pipelined 4-warp builds gave wrong results there, see docs/benchmarks/kda.md). fp32
     (IEEE products): 8 warps, 2 stages."""
-    BK, BV = _block_k(K, 32), _block_k(V, 32)
+    BK, BV = tu.dot_tile(K, 32), tu.dot_tile(V, 32)
     if dtype == torch.float32:
         return BK, BV, 8, 2
     return BK, BV, 4, 1 if BT == 64 else 2
@@ -253,8 +251,8 @@ def intra_bwd_config(K: int, dtype: torch.dtype) -> tuple[int, int]:
     at 2 warps spills 500-700 bytes, at 4 warps 0-60; not timed). fp32 (IEEE products on the FMA units): 32 at
     8 warps."""
     if dtype == torch.float32:
-        return _block_k(K, 32), 8
-    BK = _block_k(K, 64)
+        return tu.dot_tile(K, 32), 8
+    BK = tu.dot_tile(K, 64)
     return BK, 2 if K % BK == 0 else 4
 
 

@@ -100,7 +100,7 @@ def forward(q, v, h, gk, Aqk, scale: float, cu_host, cu_seqlens, chunk_size: int
     if cu_host is not None and cu_host[-1] < T:
         o[:, cu_host[-1]:].zero_()  # tail tokens
     if NT and B and HV and V:
-        BK = max(16, min(64, tu.next_power_of_2(K)))
+        BK = tu.dot_tile(K, 64)
         dummy = qq
         grid = lambda meta: (NT * B * HV * tu.cdiv(V, meta["BV"]),)  # noqa: E731
         r_ptr, *sr = row_factor_args(rq, dummy)

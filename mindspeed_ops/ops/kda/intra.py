@@ -31,10 +31,10 @@ def aqk_config(K: int, dtype: torch.dtype, store_a: bool = True) -> tuple[int, i
     a power of two): at 4 it spills ~5 KB on sm_90 (compile-only check). Without ``store_a`` (the backward's
     elementwise ``qg``/``kg`` pass) 64 at 2 warps (``tune_kda.py --only qgkg``)."""
     if dtype == torch.float32:
-        return max(16, min(32, tu.next_power_of_2(K))), 8, 3
+        return tu.dot_tile(K, 32), 8, 3
     if not store_a:
-        return max(16, min(64, tu.next_power_of_2(K))), 2, 3
-    return max(16, min(32, tu.next_power_of_2(K))), 1, 1 if aqk_column_width(K, dtype) else 3
+        return tu.dot_tile(K, 64), 2, 3
+    return tu.dot_tile(K, 32), 1, 1 if aqk_column_width(K, dtype) else 3
 
 
 def aqk_column_width(K: int, dtype: torch.dtype) -> int:
@@ -45,7 +45,7 @@ def aqk_column_width(K: int, dtype: torch.dtype) -> int:
     take too many registers at one warp)."""
     if dtype == torch.float32 or K > 128:
         return 0
-    return max(16, tu.next_power_of_2(K))
+    return tu.dot_tile(K, 128)
 
 
 def aqk_forward(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, scale: float, cu_host: Optional[list],
