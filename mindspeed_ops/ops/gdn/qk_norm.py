@@ -18,21 +18,24 @@ import torch
 from ... import backends
 from ..common import records_autograd
 from ..norm import reference as _norm_ref
-from ..norm.l2norm import rstd as _l2_rstd
+from ..norm.l2norm import forward_pair as _l2_pair
 from .common import zero_tail_rows
 
 
 def normalize(q: torch.Tensor, k: torch.Tensor, eps: float, q_rstd: Optional[torch.Tensor] = None,
               k_rstd: Optional[torch.Tensor] = None, write: bool = True) -> tuple:
-    """``(q̂, k̂, q_rstd, k_rstd)`` by the l2norm kernels of q's device (one launch each). Given ``q_rstd``/``k_rstd``
-    (the forward's, saved), ``q``/``k`` are already the forward's ``q̂``/``k̂``: returned as they are.
-    ``write=False`` (a forward whose outputs no backward will use): ``(None, None, q_rstd, k_rstd)``, the
-    normalized rows never written (the Triton launch reads q and k only)."""
+    """``(q̂, k̂, q_rstd, k_rstd)`` by the l2norm kernels of q's device (one launch for both where the backend has
+    ``forward_pair``, as Triton's; else one each). Given ``q_rstd``/``k_rstd`` (the forward's, saved), ``q``/``k``
+    are already the forward's ``q̂``/``k̂``: returned as they are. ``write=False`` (a forward whose outputs no
+    backward will use): ``(None, None, q_rstd, k_rstd)``, the normalized rows never written (the Triton launch
+    reads q and k only)."""
     if q_rstd is not None:
         return q, k, q_rstd.contiguous(), k_rstd.contiguous()  # per-token reads in the kernels: unit stride
     if not write:
-        return None, None, _l2_rstd(q, eps), _l2_rstd(k, eps)
+        return _l2_pair(q, k, eps, write=False)
     l2 = backends.implementation("l2norm", q.device)
+    if "forward_pair" in l2.fns:
+        return l2.forward_pair(q, k, eps)
     (qn, q_rstd), (kn, k_rstd) = l2.forward(q, eps, None), l2.forward(k, eps, None)
     return qn, kn, q_rstd, k_rstd
 

@@ -57,7 +57,7 @@ def _ref_rms_norm_bwd(dy, x, weight, eps, offset, need_dweight=True):
     return dx.contiguous(), (_contig(dw) if need_dweight else None)
 
 
-backends.register("l2norm", "triton", forward=_l2.forward, backward=_l2.backward)
+backends.register("l2norm", "triton", forward=_l2.forward, backward=_l2.backward, forward_pair=_l2.forward_pair)
 backends.register("l2norm", "reference", forward=_ref_l2norm_fwd, backward=_ref_l2norm_bwd)
 backends.register("rmsnorm_without_weight", "triton", forward=_rms.rmsnorm_without_weight_forward,
                   backward=_rms.rmsnorm_without_weight_backward)

@@ -9,7 +9,7 @@ import torch
 from ... import triton_utils as tu
 from ...validation import check_tensor, reject_float64, shape_str
 from ..common import rows_2d
-from .rms_norm import check_eps, check_out_dtype, check_x, rows_backward, rows_forward
+from .rms_norm import check_eps, check_out_dtype, check_x, rows_backward, rows_forward, rows_forward_pair
 
 OP = "l2norm"
 
@@ -43,13 +43,17 @@ def forward(x: torch.Tensor, eps: float = 1e-6, output_dtype: Optional[torch.dty
     return y.view(x.shape), rstd.view(x.shape[:-1])
 
 
-def rstd(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """``1/sqrt(Σx² + eps)`` of every row, ``x.shape[:-1]`` fp32 contiguous; the normalized rows are never
-    written (what the GDN/KDA forwards fold into their stage kernels)."""
-    check_args(x, eps, None)
-    _, r = rows_forward(rows_2d(tu.kernel_input(x)), None, inv_n=1.0, eps=eps, y_dtype=None,
-                        rstd_dtype=torch.float32)
-    return r.view(x.shape[:-1])
+def forward_pair(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, write: bool = True) -> tuple:
+    """``(q̂, k̂, q_rstd, k_rstd)`` of two tensors of one shape and dtype in one launch (GDN/KDA's in-kernel
+    l2norm; the shapes of :func:`forward` and :func:`rstd`); ``write=False``: ``(None, None, q_rstd, k_rstd)``.
+    Bitwise :func:`forward` / :func:`rstd` of each."""
+    check_args(q, eps, None)
+    check_args(k, eps, None)
+    (qn, rq), (kn, rk) = rows_forward_pair(rows_2d(tu.kernel_input(q)), rows_2d(tu.kernel_input(k)), inv_n=1.0,
+                                           eps=eps, y_dtype=q.dtype if write else None, rstd_dtype=torch.float32)
+    if write:
+        qn, kn = qn.view(q.shape), kn.view(k.shape)
+    return qn, kn, rq.view(q.shape[:-1]), rk.view(k.shape[:-1])
 
 
 def backward(x_or_y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, eps: float = 1e-6,

@@ -132,6 +132,34 @@ def rows_forward(x2: torch.Tensor, weight: Optional[torch.Tensor], *, inv_n: flo
     return y, rstd
 
 
+def rows_forward_pair(xa: torch.Tensor, xb: torch.Tensor, *, inv_n: float, eps: float,
+                      y_dtype: Optional[torch.dtype] = None, rstd_dtype: Optional[torch.dtype] = None):
+    """:func:`rows_forward` (no weight) of two row sets of one shape and dtype (GDN/KDA's q and k): one launch of
+    the tile kernel where ``D`` takes the tile path, else two calls. Returns ``((ya, ra), (yb, rb))``, each as
+    :func:`rows_forward`'s; every row's arithmetic is that of :func:`rows_forward` (bitwise the same)."""
+    from .triton_kernels import norm_fwd_tile_kernel
+
+    N, D = xa.shape
+    cfg = tile_config(D)
+    if cfg is None or xb.shape != xa.shape or xb.dtype != xa.dtype or not N:
+        return tuple(rows_forward(x, None, inv_n=inv_n, eps=eps, y_dtype=y_dtype, rstd_dtype=rstd_dtype)
+                     for x in (xa, xb))
+    dev = xa.device
+    ya, yb = (None if y_dtype is None else torch.empty(N, D, dtype=tu.kernel_dtype(y_dtype), device=dev)
+              for _ in range(2))
+    ra, rb = (None if rstd_dtype is None else torch.empty(N, dtype=tu.kernel_dtype(rstd_dtype), device=dev)
+              for _ in range(2))
+    BM, BD, warps = cfg
+    norm_fwd_tile_kernel[(2 * tu.cdiv(N, BM),)](
+        xa, xa if ya is None else ya, xa, xa if ra is None else ra, N, D, xa.stride(0),
+        0 if ya is None else ya.stride(0), float(inv_n), float(eps), 0.0,
+        HAS_W=False, STORE_Y=ya is not None, STORE_RSTD=ra is not None, BM=BM, BD=BD,
+        X2=xb, Y2=xb if yb is None else yb, RSTD2=xb if rb is None else rb, stride_x2=xb.stride(0),
+        stride_y2=0 if yb is None else yb.stride(0), PAIR=True, num_warps=warps)
+    return tuple((None if y is None else tu.finish(y, y_dtype), None if r is None else tu.finish(r, rstd_dtype))
+                 for y, r in ((ya, ra), (yb, rb)))
+
+
 def _apply_grid(N: int, D: int, device: torch.device) -> tuple[tuple[int, int], int]:
     """(column chunks, row groups) grid of the looped elementwise pass, and rows per group."""
     chunks = tu.cdiv(D, LOOP_BD)

@@ -65,10 +65,23 @@ def rms_bwd_rows(g, xhat, rstd, extra, inv_n):
 @triton.jit
 def norm_fwd_tile_kernel(X, Y, W, RSTD, N, D, stride_x, stride_y, inv_n, eps, offset,
                          HAS_W: tl.constexpr, STORE_Y: tl.constexpr, STORE_RSTD: tl.constexpr,
-                         BM: tl.constexpr, BD: tl.constexpr):
+                         BM: tl.constexpr, BD: tl.constexpr, X2=None, Y2=None, RSTD2=None, stride_x2=0,
+                         stride_y2=0, PAIR: tl.constexpr = False):
     """``BM`` rows per program; ``BD >= D``. Writes ``y`` (``[N, D]``, row stride ``stride_y``) and/or
-    ``rstd`` (``[N]``) in their pointers' dtypes."""
-    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+    ``rstd`` (``[N]``) in their pointers' dtypes. ``PAIR``: a second row set of the same ``N, D`` and dtypes
+    (``X2, Y2, RSTD2``, its own strides) in the same launch, by the programs after the first set's
+    ``⌈N / BM⌉`` (GDN/KDA's q and k: one launch instead of two)."""
+    pid = tl.program_id(0).to(tl.int64)
+    if PAIR:
+        nb = tl.cdiv(N, BM)
+        if pid >= nb:
+            X = X2
+            Y = Y2
+            RSTD = RSTD2
+            stride_x = stride_x2
+            stride_y = stride_y2
+            pid -= nb
+    rows = pid * BM + tl.arange(0, BM)
     cols = tl.arange(0, BD)
     rmask = rows < N
     cmask = cols < D
