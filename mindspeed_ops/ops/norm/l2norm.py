@@ -49,8 +49,13 @@ def forward_pair(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, write: boo
     Bitwise :func:`forward` / :func:`rstd` of each."""
     check_args(q, eps, None)
     check_args(k, eps, None)
-    (qn, rq), (kn, rk) = rows_forward_pair(rows_2d(tu.kernel_input(q)), rows_2d(tu.kernel_input(k)), inv_n=1.0,
-                                           eps=eps, y_dtype=q.dtype if write else None, rstd_dtype=torch.float32)
+    q2, k2 = rows_2d(tu.kernel_input(q)), rows_2d(tu.kernel_input(k))
+    if q.dtype == k.dtype:
+        (qn, rq), (kn, rk) = rows_forward_pair(q2, k2, inv_n=1.0, eps=eps, y_dtype=q.dtype if write else None,
+                                               rstd_dtype=torch.float32)
+    else:  # each in its own dtype (rows_forward_pair writes one)
+        (qn, rq), (kn, rk) = (rows_forward(x2, None, inv_n=1.0, eps=eps, y_dtype=x.dtype if write else None,
+                                           rstd_dtype=torch.float32) for x, x2 in ((q, q2), (k, k2)))
     if write:
         qn, kn = qn.view(q.shape), kn.view(k.shape)
     return qn, kn, rq.view(q.shape[:-1]), rk.view(k.shape[:-1])

@@ -39,3 +39,13 @@ def test_forward_pair_bitwise_as_two_forwards(dtype, B, T, H, D, fused, write):
             assert torch.equal(xn, y)
         else:
             assert xn is None
+
+
+def test_forward_pair_mixed_dtypes_keep_their_own():
+    """q and k of different dtypes (two launches): each normalized row set in its own dtype, as two forwards."""
+    q, _ = _qk(1, 7, 2, 32, torch.float32, seed=1, fused=False)
+    _, k = _qk(1, 7, 2, 32, torch.float16, seed=2, fused=False)
+    qn, kn, rq, rk = l2.forward_pair(q, k, 1e-6)
+    for x, xn, r in ((q, qn, rq), (k, kn, rk)):
+        y, rstd = l2.forward(x, 1e-6, None)
+        assert xn.dtype == x.dtype and torch.equal(xn, y) and torch.equal(r, rstd)
