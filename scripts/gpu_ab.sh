@@ -7,7 +7,9 @@
 #   device:  bash scripts/gpu_ab.sh run LIMIT_S "command 1" ["command 2" ...]
 # `run` installs the carried wheels and bundles once (scripts/site_env.sh), extracts each tree into $AB_ROOT/<name>
 # (default /tmp/ab), then for each command, each ref in the packed order: `timeout LIMIT_S bash -c "<command>"` run
-# from that tree into $OUT/ab/<k>_<name>.txt (k: the command's number, from 1). Each file starts with the ref, its
+# from that tree into $OUT/ab/<k>_<name>.txt (k: the command's number, from 1; a later `run` in the same call goes
+# on from the last k there). Keep a command's output unpiped: a pipe such as `| tail` dies with the `timeout` and
+# takes everything with it. Each file starts with the ref, its
 # commit and the mindspeed_ops that Python imports there (a wrong PYTHONPATH shows at once). A command finds the
 # ref's name in $AB_REF and the output folder in $AB_OUT (for its own files: --out \$AB_OUT/\$AB_REF). Exits non-zero
 # when any run did (a timeout is 124).
@@ -41,7 +43,9 @@ case $mode in
     while read -r name commit; do
       rm -rf "${root:?}/$name" && mkdir -p "$root/$name" && tar -xf ".ab/$name.tar" -C "$root/$name" || exit 1
     done < .ab/refs
-    rc=0; k=0
+    # a second `run` in one device call numbers its commands after the first's (it overwrote 1_<ref>.txt before)
+    k=$(find "$out" -maxdepth 1 -name '[0-9]*_*.txt' -printf '%f\n' | cut -d_ -f1 | sort -n | tail -1)
+    rc=0; k=${k:-0}
     for cmd in "$@"; do
       k=$((k + 1))
       while read -r name commit; do
