@@ -106,9 +106,11 @@ def test_gpu_ab_runs_every_ref_from_its_own_tree(tmp_path):
     text = (out / "1_feat_x.txt").read_text()
     assert "WHICH branch" in text and "# ref feat_x commit" in text and str(tmp_path / "ab" / "feat_x") in text
     assert (out / "main.made").exists() and (out / "feat_x.made").exists()  # $AB_OUT/$AB_REF
+    # a second run in the same $OUT goes on numbering (it wrote over 1_<ref>.txt before)
     r = subprocess.run(["bash", "scripts/gpu_ab.sh", "run", "1", "sleep 5"], cwd=repo, env=env,
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "command 1 ref main rc 124" in r.stdout
+    assert r.returncode != 0 and "command 3 ref main rc 124" in r.stdout
+    assert "WHICH main" in (out / "1_main.txt").read_text() and (out / "3_main.txt").exists()
 
 
 def test_gpu_ab_usage_errors(tmp_path):
