@@ -46,7 +46,9 @@ def forward(x: torch.Tensor, eps: float = 1e-6, output_dtype: Optional[torch.dty
 def forward_pair(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, write: bool = True) -> tuple:
     """``(q̂, k̂, q_rstd, k_rstd)`` of two tensors of one shape and dtype in one launch (GDN/KDA's in-kernel
     l2norm; :func:`forward`'s shapes); ``write=False``: ``(None, None, q_rstd, k_rstd)``, the normalized rows never
-    written (the launch reads q and k only). Bitwise :func:`forward` of each."""
+    written (the launch reads q and k only). Bitwise :func:`forward` of each. Internal: the ops validated q and k
+    under their own names already. Two launches where one cannot serve both (different shapes or dtypes, rows longer
+    than the tile kernel's, D = 1: ``rms_norm.rows_forward_pair``)."""
     check_args(q, eps, None)
     check_args(k, eps, None)
     q2, k2 = rows_2d(tu.kernel_input(q)), rows_2d(tu.kernel_input(k))

@@ -141,7 +141,10 @@ def rows_forward_pair(xa: torch.Tensor, xb: torch.Tensor, *, inv_n: float, eps: 
 
     N, D = xa.shape
     cfg = tile_config(D)
-    if cfg is None or xb.shape != xa.shape or xb.dtype != xa.dtype or not N:
+    # a row stride of 1 (D = 1) reaches the kernel as a constant, which its per-program swap of strides cannot take
+    # (it does not build for the GPU): two launches there
+    if cfg is None or xb.shape != xa.shape or xb.dtype != xa.dtype or not N or D == 1 or 1 in (xa.stride(0),
+                                                                                                 xb.stride(0)):
         return tuple(rows_forward(x, None, inv_n=inv_n, eps=eps, y_dtype=y_dtype, rstd_dtype=rstd_dtype)
                      for x in (xa, xb))
     dev = xa.device

@@ -7,8 +7,9 @@ import importlib
 import pytest
 import torch
 
+from mindspeed_ops import compile_check as cc
 from mindspeed_ops.testing import assert_unchanged, snapshot
-from tests.conftest import DEVICE, DTYPES
+from tests.conftest import COMPILE_ONLY_MARKS, DEVICE, DTYPES, assert_compiled
 
 l2 = importlib.import_module("mindspeed_ops.ops.norm.l2norm")  # the module (the package exports the function)
 
@@ -23,7 +24,7 @@ def _qk(B, T, H, D, dtype, seed, fused):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B, T, H, D, fused", [(1, 37, 3, 100, False), (2, 5, 2, 60, True), (1, 1, 1, 16, False),
-                                               (1, 3, 1, 20000, False)])
+                                               (1, 3, 1, 20000, False), (1, 9, 2, 1, True)])
 @pytest.mark.parametrize("write", [True, False])
 def test_forward_pair_bitwise_as_two_forwards(dtype, B, T, H, D, fused, write):
     q, k = _qk(B, T, H, D, dtype, seed=T + D, fused=fused)
@@ -49,3 +50,18 @@ def test_forward_pair_mixed_dtypes_keep_their_own():
     for x, xn, r in ((q, qn, rq), (k, kn, rk)):
         y, rstd = l2.forward(x, 1e-6, None)
         assert xn.dtype == x.dtype and torch.equal(xn, y) and torch.equal(r, rstd)
+
+
+@pytest.mark.parametrize("D", [pytest.param(1, marks=COMPILE_ONLY_MARKS), pytest.param(128, marks=COMPILE_ONLY_MARKS)])
+def test_forward_pair_builds_for_gpu(D):
+    """Every launch of forward_pair builds for sm_80/sm_90. At D = 1 the row strides are 1, which Triton passes as
+    constants; the pair launch's per-program swap of strides did not build there (fresh-eyes review, thirty-third
+    session): D = 1 takes two launches."""
+    launches = []
+    for write in (True, False):
+        with cc.Recorder(dry=True) as rec:
+            l2.forward_pair(torch.empty(40, D, dtype=torch.float16), torch.empty(40, D, dtype=torch.float16),
+                            write=write)
+        launches += rec.launches
+    assert {"PAIR=True" in la.label() for la in launches} == {D > 1}
+    assert_compiled(cc.compile_launches(cc.dedupe(launches), archs=(80, 90), jobs=1), lambda r: 0)
